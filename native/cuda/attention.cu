@@ -1,0 +1,138 @@
+// Decode attention, flash-decoding style: grid (head, row, split); each block runs an online
+// (exact, max-subtracted) softmax over its slots in f32, four warps interleaving slots; warps
+// and then splits are merged in a fixed order, so the result is deterministic.
+#include <math.h>
+#include "attention.cuh"
+
+namespace {
+constexpr int MI_ATTN_THREADS = 128;
+constexpr int MI_ATTN_WARPS = MI_ATTN_THREADS / 32;
+
+__device__ __forceinline__ void mi_attn_split_size(int n_kv, int &S, int &n_used) {
+    S = (((n_kv + MI_ATTN_SPLITS - 1) / MI_ATTN_SPLITS) + 31) & ~31;
+    n_used = (n_kv + S - 1) / S;
+}
+
+// DPL = head_dim / 32 dims per lane (contiguous, so one K row is one coalesced 2*hd-byte read).
+template <int DPL>
+__global__ void __launch_bounds__(MI_ATTN_THREADS)
+    mi_attn_split_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
+                         const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale,
+                         float *__restrict__ part) {
+    constexpr int HD = DPL * 32;
+    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int n_kv = pos[t] + 1;
+    int S, n_used;
+    mi_attn_split_size(n_kv, S, n_used);
+    if (s >= n_used) return;
+    const int k0 = s * S, k1 = min(n_kv, k0 + S);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int kvd = n_head_kv * HD, g = h / (n_head / n_head_kv);
+    float qr[DPL], acc[DPL];
+    const float *qh = q + (int64_t)t * n_head * HD + h * HD + lane * DPL;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        qr[i] = qh[i];
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int j = k0 + warp; j < k1; j += MI_ATTN_WARPS) {
+        const __half *kr = kc + (int64_t)j * kvd + g * HD + lane * DPL;
+        const __half *vr = vc + (int64_t)j * kvd + g * HD + lane * DPL;
+        float kf[DPL], vf[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            kf[i] = __half2float(kr[i]);
+            vf[i] = __half2float(vr[i]);
+        }
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[i], kf[i]));
+        d = mi_warp_sum(d);
+        const float sc = __fmul_rn(__shfl_sync(MI_FULL_MASK, d, 0), scale); // lane 0's sum for all lanes
+        const float mn = fmaxf(m, sc);
+        const float corr = expf(m - mn), p = expf(sc - mn);
+        l = __fadd_rn(__fmul_rn(l, corr), p);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] = __fadd_rn(__fmul_rn(acc[i], corr), __fmul_rn(p, vf[i]));
+        m = mn;
+    }
+    __shared__ float sm_m[MI_ATTN_WARPS], sm_l[MI_ATTN_WARPS];
+    __shared__ float sm_acc[MI_ATTN_WARPS][HD];
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) sm_acc[warp][lane * DPL + i] = acc[i];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < MI_ATTN_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    float *out = part + (((int64_t)t * n_head + h) * MI_ATTN_SPLITS + s) * (HD + 2);
+    for (int dd = threadIdx.x; dd < HD; dd += MI_ATTN_THREADS) {
+        float a = 0.0f;
+        for (int w = 0; w < MI_ATTN_WARPS; w++)
+            if (sm_m[w] != -INFINITY) a = __fadd_rn(a, __fmul_rn(sm_acc[w][dd], expf(sm_m[w] - M)));
+        out[2 + dd] = a;
+    }
+    if (threadIdx.x == 0) {
+        float L = 0.0f;
+        for (int w = 0; w < MI_ATTN_WARPS; w++)
+            if (sm_m[w] != -INFINITY) L = __fadd_rn(L, __fmul_rn(sm_l[w], expf(sm_m[w] - M)));
+        out[0] = M;
+        out[1] = L;
+    }
+}
+
+// One block per row: merge the splits of every head and quantize the 32-wide chunks.
+__global__ void __launch_bounds__(256)
+    mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head, int hd,
+                           float *__restrict__ att, mi_block_q8a *__restrict__ xq) {
+    const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int qd = n_head * hd;
+    int S, n_used;
+    mi_attn_split_size(pos[t] + 1, S, n_used);
+    for (int c = warp; c < qd / 32; c += 8) {
+        const int d = 32 * c + lane, h = d / hd, dd = d % hd;
+        const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (hd + 2);
+        float M = -INFINITY;
+        for (int s = 0; s < n_used; s++) M = fmaxf(M, p[s * (hd + 2)]);
+        float L = 0.0f, A = 0.0f;
+        for (int s = 0; s < n_used; s++) {
+            const float e = expf(p[s * (hd + 2)] - M);
+            L = __fadd_rn(L, __fmul_rn(p[s * (hd + 2) + 1], e));
+            A = __fadd_rn(A, __fmul_rn(p[s * (hd + 2) + 2 + dd], e));
+        }
+        const float o = __fmul_rn(A, __frcp_rn(L));
+        att[(int64_t)t * qd + d] = o;
+        mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + c, lane);
+    }
+}
+
+template <int DPL>
+void mi_attn_launch(const float *q, const __half *kc, const __half *vc, const int32_t *pos, int nt, int n_head,
+                    int n_head_kv, float scale, float *part, cudaStream_t s) {
+    dim3 grid(n_head, nt, MI_ATTN_SPLITS);
+    mi_attn_split_kernel<DPL><<<grid, MI_ATTN_THREADS, 0, s>>>(q, kc, vc, pos, n_head, n_head_kv, scale, part);
+}
+} // namespace
+
+int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
+                      int n_head, int n_head_kv, int hd, float scale, float *part, float *att, mi_block_q8a *xq,
+                      cudaStream_t s) {
+    switch (hd / 32) {
+    case 1: mi_attn_launch<1>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
+    case 2: mi_attn_launch<2>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
+    case 3: mi_attn_launch<3>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
+    case 4: mi_attn_launch<4>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
+    case 5: mi_attn_launch<5>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
+    case 6: mi_attn_launch<6>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
+    case 7: mi_attn_launch<7>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
+    case 8: mi_attn_launch<8>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
+    default: return mi_set_error(MI_ERR_ARG, "CUDA attention: head_dim %d not a multiple of 32 up to 256", hd);
+    }
+    MI_LAUNCH_TRY("attention");
+    mi_attn_combine_kernel<<<nt, 256, 0, s>>>(part, pos, n_head, hd, att, xq);
+    MI_LAUNCH_TRY("attention combine");
+    return MI_OK;
+}

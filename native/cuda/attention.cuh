@@ -1,0 +1,20 @@
+// Attention over the f16 KV cache: split-KV partial softmax, then combine fused with the q8a
+// quantization of the output (the input of attn_output).
+#ifndef MI_CUDA_ATTENTION_CUH
+#define MI_CUDA_ATTENTION_CUH
+#include "common.cuh"
+
+// Most KV splits per (row, head): slots 0..pos[t] are cut into <= MI_ATTN_SPLITS pieces of a
+// multiple of 32 slots, a function of pos[t] alone (so rows never depend on nt or on graphs).
+#define MI_ATTN_SPLITS 32
+
+// Floats of the partial-result scratch for max_nt rows: [max_nt][n_head][MI_ATTN_SPLITS][hd + 2].
+static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
+    return (size_t)max_nt * n_head * MI_ATTN_SPLITS * (hd + 2);
+}
+// att [nt][n_head*hd] f32 and xq [nt][n_head*hd/32] = softmax(q k^T * scale) v per head, row t
+// over slots 0..pos[t] of k_cache / v_cache ([n_ctx][n_head_kv*hd] f16 of this layer).
+int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
+                      int n_head, int n_head_kv, int hd, float scale, float *part, float *att, mi_block_q8a *xq,
+                      cudaStream_t s);
+#endif

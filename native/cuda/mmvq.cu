@@ -1,0 +1,211 @@
+// MMVQ: one launch streams a quantized weight matrix once for NT (1..8) activation rows.
+// Block = 128 threads serving rpb rows (rpb = 4, 2 or 1 by row length, a function of n_cols only,
+// so the reduction order never depends on NT): each of the tpr = 128/rpb threads of a row takes
+// 32-wide chunks c = j, j + tpr, ... and sums their contributions in f32; then a warp butterfly
+// and, for tpr > 32, a fixed-order sum over the row's warps. Per chunk (as cpu/quants.c):
+//   (dw * a.d) * (float)(sc0*dot(q[0:16], a[0:16]) + sc1*dot(q[16:32], a[16:32])) + mw * a.s
+#include "mmvq.cuh"
+#include "qtypes.cuh"
+
+namespace {
+
+constexpr int MI_MMVQ_THREADS = 128;
+
+__device__ __forceinline__ float mi_silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+template <int T, int NT>
+__device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi_block_q8a *xq, int64_t ldxb,
+                                             float *acc) {
+    mi_chunk ch;
+    mi_qt<T>::load(row + (int64_t)(c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const mi_block_q8a *a = xq + t * ldxb + c;
+        const int2 *aq = (const int2 *)a->qs;
+        const int2 a0 = aq[0], a1 = aq[1], a2 = aq[2], a3 = aq[3];
+        const int s0 = __dp4a(ch.q[3], a1.y, __dp4a(ch.q[2], a1.x, __dp4a(ch.q[1], a0.y, __dp4a(ch.q[0], a0.x, 0))));
+        const int s1 = __dp4a(ch.q[7], a3.y, __dp4a(ch.q[6], a3.x, __dp4a(ch.q[5], a2.y, __dp4a(ch.q[4], a2.x, 0))));
+        const int isum = ch.sc0 * s0 + ch.sc1 * s1;
+        float r = __fmul_rn(__fmul_rn(ch.dw, a->d), (float)isum);
+        if (mi_qt<T>::HAS_MIN) r = __fadd_rn(r, __fmul_rn(ch.mw, a->s));
+        acc[t] = __fadd_rn(acc[t], r);
+    }
+}
+
+// Sum acc[NT] over the tpr threads of each row; the row's thread j == 0 gets the result.
+template <int NT>
+__device__ __forceinline__ void mi_row_reduce(float *acc, int tpr, float (*sh)[NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = mi_warp_sum(acc[t]);
+    if (tpr > 32) {
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        if (lane == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) sh[warp][t] = acc[t];
+        __syncthreads();
+        if (threadIdx.x % tpr == 0) {
+            const int w0 = warp, nw = tpr / 32;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float v = sh[w0][t];
+                for (int w = 1; w < nw; w++) v = __fadd_rn(v, sh[w0 + w][t]);
+                acc[t] = v;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void mi_epilogue(const float *acc, const float *acc_up, bool glu, int r, float *y,
+                                            int64_t ldy, const float *bias, int accumulate) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float v = glu ? mi_silu_mul(acc[t], acc_up[t]) : acc[t];
+        if (bias) v = __fadd_rn(v, bias[r]);
+        float *o = y + t * ldy + r;
+        *o = accumulate ? __fadd_rn(*o, v) : v;
+    }
+}
+
+template <int T, int NT, bool GLU>
+__global__ void __launch_bounds__(MI_MMVQ_THREADS)
+    mi_mmvq_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
+                   int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, float *y, int64_t ldy,
+                   const float *__restrict__ bias, int accumulate, int rpb) {
+    __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_THREADS / 32][NT];
+    const int tpr = MI_MMVQ_THREADS / rpb;
+    const int j = threadIdx.x % tpr;
+    const int r = blockIdx.x * rpb + threadIdx.x / tpr;
+    float acc[NT], acc1[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
+    if (r < n_rows) {
+        const uint8_t *row0 = w0 + (int64_t)r * row_bytes;
+        const uint8_t *row1 = GLU ? w1 + (int64_t)r * row_bytes : nullptr;
+        for (int c = j; c < nchunks; c += tpr) {
+            mi_row_chunk<T, NT>(row0, c, xq, ldxb, acc);
+            if (GLU) mi_row_chunk<T, NT>(row1, c, xq, ldxb, acc1);
+        }
+    }
+    mi_row_reduce<NT>(acc, tpr, sh[0]);
+    if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
+    if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, y, ldy, bias, accumulate);
+}
+
+// F32 / F16 weights times f32 activations (tied f16 embeddings as the LM head, tiny models).
+template <int T, int NT, bool GLU>
+__global__ void __launch_bounds__(MI_MMVQ_THREADS)
+    mi_mmv_f_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
+                    int n_cols, const float *__restrict__ xf, int64_t ldx, float *y, int64_t ldy,
+                    const float *__restrict__ bias, int accumulate, int rpb) {
+    __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_THREADS / 32][NT];
+    const int tpr = MI_MMVQ_THREADS / rpb;
+    const int j = threadIdx.x % tpr;
+    const int r = blockIdx.x * rpb + threadIdx.x / tpr;
+    float acc[NT], acc1[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
+    if (r < n_rows) {
+        for (int c = j; c < n_cols; c += tpr) {
+#pragma unroll
+            for (int g = 0; g < (GLU ? 2 : 1); g++) {
+                const uint8_t *row = (g ? w1 : w0) + (int64_t)r * row_bytes;
+                const float wv = T == MI_TYPE_F32 ? ((const float *)row)[c] : __half2float(((const __half *)row)[c]);
+                float *a = g ? acc1 : acc;
+#pragma unroll
+                for (int t = 0; t < NT; t++) a[t] = __fadd_rn(a[t], __fmul_rn(wv, xf[t * ldx + c]));
+            }
+        }
+    }
+    mi_row_reduce<NT>(acc, tpr, sh[0]);
+    if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
+    if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, y, ldy, bias, accumulate);
+}
+
+struct mi_mmvq_args {
+    const uint8_t *w0, *w1;
+    int64_t row_bytes;
+    int n_rows, n_cols;
+    const mi_block_q8a *xq;
+    const float *xf;
+    int64_t ldx;
+    float *y;
+    int64_t ldy;
+    const float *bias;
+    int accumulate, rpb;
+};
+
+template <int T, int NT, bool GLU> void mi_launch_one(const mi_mmvq_args &a, cudaStream_t s) {
+    const int grid = (a.n_rows + a.rpb - 1) / a.rpb;
+    if (T == MI_TYPE_F32 || T == MI_TYPE_F16)
+        mi_mmv_f_kernel<T, NT, GLU><<<grid, MI_MMVQ_THREADS, 0, s>>>(a.w0, a.w1, a.row_bytes, a.n_rows, a.n_cols, a.xf,
+                                                                      a.ldx, a.y, a.ldy, a.bias, a.accumulate, a.rpb);
+    else
+        mi_mmvq_kernel<T, NT, GLU><<<grid, MI_MMVQ_THREADS, 0, s>>>(a.w0, a.w1, a.row_bytes, a.n_rows, a.n_cols / 32,
+                                                                     a.xq, a.ldx / 32, a.y, a.ldy, a.bias, a.accumulate,
+                                                                     a.rpb);
+}
+
+template <int T, bool GLU> void mi_launch_nt(int nt, const mi_mmvq_args &a, cudaStream_t s) {
+    switch (nt) {
+    case 1: mi_launch_one<T, 1, GLU>(a, s); break;
+    case 2: mi_launch_one<T, 2, GLU>(a, s); break;
+    case 3: mi_launch_one<T, 3, GLU>(a, s); break;
+    case 4: mi_launch_one<T, 4, GLU>(a, s); break;
+    case 5: mi_launch_one<T, 5, GLU>(a, s); break;
+    case 6: mi_launch_one<T, 6, GLU>(a, s); break;
+    case 7: mi_launch_one<T, 7, GLU>(a, s); break;
+    default: mi_launch_one<T, 8, GLU>(a, s); break;
+    }
+}
+
+template <bool GLU> int mi_launch_type(int type, int nt, const mi_mmvq_args &a, cudaStream_t s) {
+    switch (type) {
+    case MI_TYPE_F32: mi_launch_nt<MI_TYPE_F32, GLU>(nt, a, s); break;
+    case MI_TYPE_F16: mi_launch_nt<MI_TYPE_F16, GLU>(nt, a, s); break;
+    case MI_TYPE_Q4_0: mi_launch_nt<MI_TYPE_Q4_0, GLU>(nt, a, s); break;
+    case MI_TYPE_Q4_1: mi_launch_nt<MI_TYPE_Q4_1, GLU>(nt, a, s); break;
+    case MI_TYPE_Q5_0: mi_launch_nt<MI_TYPE_Q5_0, GLU>(nt, a, s); break;
+    case MI_TYPE_Q5_1: mi_launch_nt<MI_TYPE_Q5_1, GLU>(nt, a, s); break;
+    case MI_TYPE_Q8_0: mi_launch_nt<MI_TYPE_Q8_0, GLU>(nt, a, s); break;
+    case MI_TYPE_Q4_K: mi_launch_nt<MI_TYPE_Q4_K, GLU>(nt, a, s); break;
+    case MI_TYPE_Q5_K: mi_launch_nt<MI_TYPE_Q5_K, GLU>(nt, a, s); break;
+    case MI_TYPE_Q6_K: mi_launch_nt<MI_TYPE_Q6_K, GLU>(nt, a, s); break;
+    default: return mi_set_error(MI_ERR_TYPE, "CUDA matmul: unsupported type %d", type);
+    }
+    return MI_OK;
+}
+
+} // namespace
+
+int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
+                 int nt, float *y, int64_t ldy, const float *bias, int accumulate, cudaStream_t s) {
+    if (w_up && (w_up->type != w->type || w_up->n_rows != w->n_rows || w_up->n_cols != w->n_cols))
+        return mi_set_error(MI_ERR_ARG, "CUDA matmul: SwiGLU pair differs in type or shape");
+    const int64_t nchunks = w->n_cols / 32;
+    mi_mmvq_args a;
+    a.w0 = w->data;
+    a.w1 = w_up ? w_up->data : nullptr;
+    a.row_bytes = w->row_bytes;
+    a.n_rows = (int)w->n_rows;
+    a.n_cols = (int)w->n_cols;
+    a.bias = bias;
+    a.accumulate = accumulate;
+    // Threads per row from the row length only: short rows share a block (fewer idle lanes).
+    a.rpb = nchunks <= 64 ? 4 : nchunks <= 128 ? 2 : 1;
+    for (int t0 = 0; t0 < nt; t0 += 8) {
+        const int g = nt - t0 < 8 ? nt - t0 : 8;
+        a.xq = xq ? xq + t0 * (ldx / 32) : nullptr;
+        a.xf = xf ? xf + t0 * ldx : nullptr;
+        a.ldx = ldx;
+        a.y = y + t0 * ldy;
+        a.ldy = ldy;
+        int rc = w_up ? mi_launch_type<true>(w->type, g, a, s) : mi_launch_type<false>(w->type, g, a, s);
+        if (rc) return rc;
+        MI_LAUNCH_TRY("mmvq");
+    }
+    return MI_OK;
+}

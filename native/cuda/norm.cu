@@ -1,0 +1,69 @@
+// RMSNorm (Zhang & Sennrich 2019) + q8a quantization in one pass per row, so each matmul input
+// is read once and quantized once per layer (not once per consuming matrix).
+#include "norm.cuh"
+
+namespace {
+constexpr int MI_NORM_THREADS = 256;
+
+__global__ void __launch_bounds__(MI_NORM_THREADS)
+    mi_rmsnorm_quant_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
+                            const int32_t *__restrict__ n_rows_d, const float *__restrict__ w, float eps, int n,
+                            float *__restrict__ xn, mi_block_q8a *__restrict__ xq) {
+    const int j = blockIdx.x;
+    if (n_rows_d && j >= *n_rows_d) return;
+    const float *xr = x + (int64_t)(rows ? rows[j] : j) * n;
+    __shared__ float part[MI_NORM_THREADS / 32];
+    __shared__ float scale_sh;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += MI_NORM_THREADS) ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
+    ss = mi_warp_sum(ss);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = part[0];
+        for (int i = 1; i < MI_NORM_THREADS / 32; i++) t = __fadd_rn(t, part[i]);
+        scale_sh = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(t, (float)n), eps)));
+    }
+    __syncthreads();
+    const float scale = scale_sh;
+    for (int c = warp; c < n / 32; c += MI_NORM_THREADS / 32) {
+        const int i = 32 * c + lane;
+        const float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        xn[(int64_t)j * n + i] = v;
+        mi_quant_chunk_warp(v, xq + (int64_t)j * (n / 32) + c, lane);
+    }
+}
+
+__global__ void __launch_bounds__(MI_NORM_THREADS)
+    mi_quantize_kernel(const float *__restrict__ x, int n, mi_block_q8a *__restrict__ xq) {
+    const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int c = warp; c < n / 32; c += MI_NORM_THREADS / 32)
+        mi_quant_chunk_warp(x[(int64_t)t * n + 32 * c + lane], xq + (int64_t)t * (n / 32) + c, lane);
+}
+
+__global__ void mi_swiglu_kernel(const float *__restrict__ g, const float *__restrict__ u, float *y, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fmul_rn(__fdiv_rn(g[i], __fadd_rn(1.0f, expf(-g[i]))), u[i]);
+}
+} // namespace
+
+int mi_cuda_rmsnorm_quant(const float *x, const int32_t *rows, const int32_t *n_rows_d, int n_rows, const float *w,
+                          float eps, int n, float *xn, mi_block_q8a *xq, cudaStream_t s) {
+    if (n_rows <= 0) return MI_OK;
+    mi_rmsnorm_quant_kernel<<<n_rows, MI_NORM_THREADS, 0, s>>>(x, rows, n_rows_d, w, eps, n, xn, xq);
+    MI_LAUNCH_TRY("rmsnorm_quant");
+    return MI_OK;
+}
+
+int mi_cuda_quantize(const float *x, int nt, int n, mi_block_q8a *xq, cudaStream_t s) {
+    mi_quantize_kernel<<<nt, MI_NORM_THREADS, 0, s>>>(x, n, xq);
+    MI_LAUNCH_TRY("quantize");
+    return MI_OK;
+}
+
+int mi_cuda_swiglu(const float *g, const float *u, float *y, int64_t n, cudaStream_t s) {
+    mi_swiglu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(g, u, y, n);
+    MI_LAUNCH_TRY("swiglu");
+    return MI_OK;
+}

@@ -1,0 +1,173 @@
+// Device-side unpacking of the GGUF weight blocks (layouts: include/mi_quants.h) into 32-wide
+// chunks, the same decomposition as the CPU's unpack_block in cpu/quants.c:
+//   w_i = dw * sc(i) * q_i + mw,  q packed 4 int8 per int (q[j] = elements 4j..4j+3),
+//   sc0 for elements 0..15, sc1 for 16..31.
+// So a chunk's dot product with a q8a activation block is integer dp4a work plus two products.
+#ifndef MI_CUDA_QTYPES_CUH
+#define MI_CUDA_QTYPES_CUH
+#include "common.cuh"
+
+struct mi_chunk {
+    int q[8];
+    int sc0, sc1;
+    float dw, mw;
+};
+
+// 4-bit field h (bits 0..3) spread to bit 4 of each of 4 bytes: the 5th bit of Q5 weights.
+__device__ __forceinline__ uint32_t mi_spread4(uint32_t h) {
+    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
+__device__ __forceinline__ void mi_scale_min_k4(int j, const uint8_t *q, int &d, int &m) {
+    if (j < 4) {
+        d = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+template <int T> struct mi_qt;
+
+template <> struct mi_qt<MI_TYPE_Q4_0> {
+    static constexpr int CPB = 1, BB = 18, HAS_MIN = 0;
+    static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t v = mi_ld_a2(b + 2 + 4 * i);
+            c.q[i] = (int)__vsub4(v & 0x0F0F0F0Fu, 0x08080808u);
+            c.q[4 + i] = (int)__vsub4((v >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+        }
+        c.sc0 = c.sc1 = 1;
+        c.dw = mi_ld_f16(b);
+        c.mw = 0.0f;
+    }
+};
+template <> struct mi_qt<MI_TYPE_Q4_1> {
+    static constexpr int CPB = 1, BB = 20, HAS_MIN = 1;
+    static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t v = mi_ld_a4(b + 4 + 4 * i);
+            c.q[i] = (int)(v & 0x0F0F0F0Fu);
+            c.q[4 + i] = (int)((v >> 4) & 0x0F0F0F0Fu);
+        }
+        c.sc0 = c.sc1 = 1;
+        c.dw = mi_ld_f16(b);
+        c.mw = mi_ld_f16(b + 2);
+    }
+};
+template <> struct mi_qt<MI_TYPE_Q5_0> {
+    static constexpr int CPB = 1, BB = 22, HAS_MIN = 0;
+    static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
+        const uint32_t qh = mi_ld_a2(b + 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t v = mi_ld_a2(b + 6 + 4 * i);
+            c.q[i] = (int)__vsub4((v & 0x0F0F0F0Fu) | mi_spread4((qh >> (4 * i)) & 0xF), 0x10101010u);
+            c.q[4 + i] = (int)__vsub4(((v >> 4) & 0x0F0F0F0Fu) | mi_spread4((qh >> (16 + 4 * i)) & 0xF), 0x10101010u);
+        }
+        c.sc0 = c.sc1 = 1;
+        c.dw = mi_ld_f16(b);
+        c.mw = 0.0f;
+    }
+};
+template <> struct mi_qt<MI_TYPE_Q5_1> {
+    static constexpr int CPB = 1, BB = 24, HAS_MIN = 1;
+    static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
+        const uint32_t qh = mi_ld_a4(b + 4);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t v = mi_ld_a4(b + 8 + 4 * i);
+            c.q[i] = (int)((v & 0x0F0F0F0Fu) | mi_spread4((qh >> (4 * i)) & 0xF));
+            c.q[4 + i] = (int)(((v >> 4) & 0x0F0F0F0Fu) | mi_spread4((qh >> (16 + 4 * i)) & 0xF));
+        }
+        c.sc0 = c.sc1 = 1;
+        c.dw = mi_ld_f16(b);
+        c.mw = mi_ld_f16(b + 2);
+    }
+};
+template <> struct mi_qt<MI_TYPE_Q8_0> {
+    static constexpr int CPB = 1, BB = 34, HAS_MIN = 0;
+    static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) c.q[i] = (int)mi_ld_a2(b + 2 + 4 * i);
+        c.sc0 = c.sc1 = 1;
+        c.dw = mi_ld_f16(b);
+        c.mw = 0.0f;
+    }
+};
+template <> struct mi_qt<MI_TYPE_Q4_K> {
+    static constexpr int CPB = 8, BB = 144, HAS_MIN = 1;
+    static __device__ __forceinline__ void load(const uint8_t *b, int k, mi_chunk &c) {
+        // chunks 2i and 2i+1 share qs[32i..32i+31]: low nibbles, then high nibbles (16-byte loads).
+        const uint4 *p = (const uint4 *)(b + 16 + 32 * (k >> 1));
+        const uint4 v0 = p[0], v1 = p[1];
+        const int sh = 4 * (k & 1);
+        const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+        for (int j = 0; j < 8; j++) c.q[j] = (int)((v[j] >> sh) & 0x0F0F0F0Fu);
+        int sc, m;
+        mi_scale_min_k4(k, b + 4, sc, m);
+        c.sc0 = c.sc1 = 1;
+        c.dw = __fmul_rn(mi_ld_f16(b), (float)sc);
+        c.mw = -__fmul_rn(mi_ld_f16(b + 2), (float)m);
+    }
+};
+template <> struct mi_qt<MI_TYPE_Q5_K> {
+    static constexpr int CPB = 8, BB = 176, HAS_MIN = 1;
+    static __device__ __forceinline__ void load(const uint8_t *b, int k, mi_chunk &c) {
+        const uint4 *p = (const uint4 *)(b + 48 + 32 * (k >> 1));
+        const uint4 *ph = (const uint4 *)(b + 16);
+        const uint4 v0 = p[0], v1 = p[1], h0 = ph[0], h1 = ph[1];
+        const int sh = 4 * (k & 1);
+        const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        const uint32_t h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+        for (int j = 0; j < 8; j++) c.q[j] = (int)(((v[j] >> sh) & 0x0F0F0F0Fu) | (((h[j] >> k) & 0x01010101u) << 4));
+        int sc, m;
+        mi_scale_min_k4(k, b + 4, sc, m);
+        c.sc0 = c.sc1 = 1;
+        c.dw = __fmul_rn(mi_ld_f16(b), (float)sc);
+        c.mw = -__fmul_rn(mi_ld_f16(b + 2), (float)m);
+    }
+};
+template <> struct mi_qt<MI_TYPE_Q6_K> {
+    static constexpr int CPB = 8, BB = 210, HAS_MIN = 0;
+    static __device__ __forceinline__ void load(const uint8_t *b, int k, mi_chunk &c) {
+        // Half n = k/4 holds 4 interleaved chunks: kk&1 picks ql[+32], kk>>1 the high nibble,
+        // and qh's 2-bit field 2*kk (ggml's dequantize_row_q6_K order). Blocks are 2-aligned.
+        const int n = k >> 2, kk = k & 3;
+        const uint8_t *ql = b + 64 * n + 32 * (kk & 1);
+        const uint8_t *qh = b + 128 + 32 * n;
+        const int shl = 4 * (kk >> 1), shh = 2 * kk;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t lo = (mi_ld_a2(ql + 4 * j) >> shl) & 0x0F0F0F0Fu;
+            const uint32_t hi = ((mi_ld_a2(qh + 4 * j) >> shh) & 0x03030303u) << 4;
+            c.q[j] = (int)__vsub4(lo | hi, 0x20202020u);
+        }
+        c.sc0 = (int8_t)b[192 + 8 * n + 2 * kk];
+        c.sc1 = (int8_t)b[192 + 8 * n + 2 * kk + 1];
+        c.dw = mi_ld_f16(b + 208);
+        c.mw = 0.0f;
+    }
+};
+
+// Dequantize one chunk to 32 floats as the CPU's mi_dequantize_row does.
+template <int T> __device__ __forceinline__ void mi_dequant_chunk(const uint8_t *row, int c, float *out) {
+    mi_chunk ch;
+    mi_qt<T>::load(row + (c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = 4 * j + e;
+            const int q = (int)(int8_t)(ch.q[j] >> (8 * e));
+            const int sc = i < 16 ? ch.sc0 : ch.sc1;
+            out[i] = __fadd_rn(__fmul_rn(ch.dw, (float)(sc * q)), ch.mw);
+        }
+    }
+}
+#endif

@@ -1,0 +1,87 @@
+/* pyminfer C API: the whole surface the Python bindings use. Opaque handles, create/free pairs,
+ * int error codes (0 = ok) with a thread-local message from mi_last_error(). No Python objects
+ * cross it; weights are borrowed pointers into the caller's mmap (CPU) or uploaded (CUDA). */
+#ifndef PYMINFER_H
+#define PYMINFER_H
+#include <stddef.h>
+#include <stdint.h>
+#include "mi_quants.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum mi_status { MI_OK = 0, MI_ERR_ARG = 1, MI_ERR_TYPE = 2, MI_ERR_OOM = 3, MI_ERR_CUDA = 4, MI_ERR_CTX = 5 };
+enum mi_device { MI_DEVICE_CPU = 0, MI_DEVICE_CUDA = 1 };
+enum mi_rope_type { MI_ROPE_NORM = 0, MI_ROPE_NEOX = 2 }; /* NORM rotates adjacent pairs (llama), NEOX halves (qwen2) */
+
+/* A weight matrix as stored in GGUF: n_rows rows of n_cols elements (GGUF ne0 = n_cols), row-major,
+ * each row n_cols / block_elems blocks of `type`. 1-D tensors (norms, biases) have n_rows = 1. */
+typedef struct {
+    const void *data;
+    int32_t type; /* enum mi_type */
+    int64_t n_cols;
+    int64_t n_rows;
+} mi_tensor;
+
+typedef struct {
+    mi_tensor attn_norm;           /* F32 [n_embd] */
+    mi_tensor wq, wk, wv;          /* [n_head*head_dim, n_embd], [n_head_kv*head_dim, n_embd] x2 */
+    mi_tensor bq, bk, bv;          /* F32 biases or data == NULL (llama) */
+    mi_tensor wo;                  /* [n_embd, n_head*head_dim] */
+    mi_tensor ffn_norm;            /* F32 [n_embd] */
+    mi_tensor ffn_gate, ffn_up;    /* [n_ff, n_embd] */
+    mi_tensor ffn_down;            /* [n_embd, n_ff] */
+} mi_layer;
+
+typedef struct {
+    int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab;
+    int32_t rope_type;     /* enum mi_rope_type */
+    float rope_freq_base;
+    float rms_eps;
+    mi_tensor tok_embd;    /* [n_vocab, n_embd] */
+    mi_tensor output_norm; /* F32 [n_embd] */
+    mi_tensor output;      /* [n_vocab, n_embd]; same data as tok_embd when tied */
+    const mi_layer *layers; /* n_layer entries; copied by mi_ctx_create */
+} mi_model_desc;
+
+typedef struct mi_ctx mi_ctx;
+
+/* Thread-local message of the last failing call on this thread. */
+const char *mi_last_error(void);
+/* 1 when built with CUDA and a device is visible, else 0. */
+int mi_cuda_available(void);
+/* Name of the CUDA device 0 (empty string when none). */
+const char *mi_cuda_device_name(void);
+
+/* Create an inference context: KV cache for n_ctx positions, scratch for up to max_nt tokens per
+ * forward. CPU: weights are borrowed (the mmap must outlive the ctx). CUDA: weights uploaded once.
+ * n_threads: CPU worker threads (<= 0: all cores). */
+int mi_ctx_create(const mi_model_desc *desc, int32_t n_ctx, int32_t max_nt, int32_t n_threads, int32_t device,
+                  mi_ctx **out);
+void mi_ctx_free(mi_ctx *ctx);
+int32_t mi_ctx_device(const mi_ctx *ctx);
+
+/* One forward over nt tokens (1 <= nt <= max_nt) at positions pos[i] (0 <= pos < n_ctx). Writes
+ * K/V of every token at slot pos[i]; row i attends to slots 0..pos[i] (so a batch of contiguous
+ * positions is causal, and rolling back is just reusing positions). For each of the n_out rows
+ * out_rows[j] (indices into 0..nt-1), writes logits[j*n_vocab .. +n_vocab] (f32) if logits is not
+ * NULL and argmax[j] (first max) if argmax is not NULL.
+ * Contract: row i's logits are bitwise equal to a nt=1 forward of token i at pos[i] over the same
+ * KV contents (CPU always; CUDA for nt <= 8). */
+int mi_forward(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
+               int32_t n_out, float *logits, int32_t *argmax);
+
+/* ---- op-level entry points (tests, benches). Host pointers in and out on every device. ---- */
+
+/* Dequantize n_rows x n_cols of `type` to f32 (CPU). */
+int mi_dequantize(int32_t type, const void *src, int64_t n_rows, int64_t n_cols, float *dst);
+/* y[t, r] = sum_c W[r, c] * x[t, c] for t < nt: x quantized per 32 to mi_block_q8a first (f32/f16
+ * weights use f32 x). y is [nt, n_rows] f32. */
+int mi_op_matmul(int32_t device, int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
+                 int32_t nt, float *y, int32_t n_threads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,188 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Thin bindings of the C core (native/include/pyminfer.h).
+
+Tensors cross as plain tuples ``(address, ggml_type, n_cols, n_rows)`` whose address points into
+memory the caller keeps alive (the GGUF mmap); arrays cross as buffers (numpy arrays of the
+stated dtype, C-contiguous). Every C error becomes a Python exception carrying the C message.
+"""
+from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdlib cimport malloc, free
+
+DEVICE_CPU = 0
+DEVICE_CUDA = 1
+
+
+class NativeError(RuntimeError):
+    """An error reported by the C core; ``code`` is the mi_status value."""
+
+    def __init__(self, int code, str msg):
+        super().__init__(msg)
+        self.code = code
+
+
+class ContextFullError(NativeError):
+    """A position outside the KV cache (n_ctx) was asked for."""
+
+
+cdef int _check(int rc) except -1:
+    if rc != 0:
+        msg = mi_last_error().decode("utf-8", "replace")
+        if rc == 3:
+            raise MemoryError(msg)
+        if rc == 5:
+            raise ContextFullError(rc, msg)
+        raise NativeError(rc, msg)
+    return 0
+
+
+cdef mi_tensor _tensor(object spec) except *:
+    cdef mi_tensor t
+    if spec is None:
+        t.data = NULL
+        t.type = 0
+        t.n_cols = 0
+        t.n_rows = 0
+        return t
+    addr, typ, n_cols, n_rows = spec
+    t.data = <const void *> <uintptr_t> addr
+    t.type = typ
+    t.n_cols = n_cols
+    t.n_rows = n_rows
+    return t
+
+
+def cuda_available() -> bool:
+    """True when this build has the CUDA backend and a CUDA device is visible."""
+    return mi_cuda_available() != 0
+
+
+def cuda_device_name() -> str:
+    """Name of CUDA device 0, or "" when there is none."""
+    return mi_cuda_device_name().decode()
+
+
+cdef class Context:
+    """One model instance on one device: KV cache, scratch, (CUDA) uploaded weights and graphs.
+
+    Args:
+        cfg: dict with n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, rope_type
+            (0 NORM, 2 NEOX), rope_freq_base, rms_eps.
+        tensors: dict with tok_embd, output_norm, output (tensor tuples) and layers: a list of
+            dicts with attn_norm, wq, wk, wv, bq, bk, bv (may be None), wo, ffn_norm, ffn_gate,
+            ffn_up, ffn_down.
+        n_ctx: KV cache positions. max_nt: most tokens per forward. n_threads: CPU threads
+            (<= 0: all cores). device: DEVICE_CPU or DEVICE_CUDA.
+    Raises:
+        NativeError (bad shapes, unsupported type, no CUDA), MemoryError (allocation failed).
+    """
+    cdef mi_ctx *ctx
+    cdef readonly int n_vocab
+    cdef readonly int n_ctx
+    cdef readonly int max_nt
+    cdef readonly int device
+    cdef object _keepalive
+
+    def __cinit__(self, dict cfg, dict tensors, int n_ctx, int max_nt, int n_threads, int device, object keepalive=None):
+        cdef mi_model_desc d
+        cdef int nl = cfg["n_layer"]
+        cdef mi_layer *layers = <mi_layer *> malloc(sizeof(mi_layer) * max(nl, 1))
+        if layers == NULL:
+            raise MemoryError()
+        try:
+            d.n_layer = nl
+            d.n_embd = cfg["n_embd"]
+            d.n_ff = cfg["n_ff"]
+            d.n_head = cfg["n_head"]
+            d.n_head_kv = cfg["n_head_kv"]
+            d.head_dim = cfg["head_dim"]
+            d.n_vocab = cfg["n_vocab"]
+            d.rope_type = cfg["rope_type"]
+            d.rope_freq_base = cfg["rope_freq_base"]
+            d.rms_eps = cfg["rms_eps"]
+            d.tok_embd = _tensor(tensors["tok_embd"])
+            d.output_norm = _tensor(tensors["output_norm"])
+            d.output = _tensor(tensors["output"])
+            for i, L in enumerate(tensors["layers"]):
+                layers[i].attn_norm = _tensor(L["attn_norm"])
+                layers[i].wq = _tensor(L["wq"])
+                layers[i].wk = _tensor(L["wk"])
+                layers[i].wv = _tensor(L["wv"])
+                layers[i].bq = _tensor(L.get("bq"))
+                layers[i].bk = _tensor(L.get("bk"))
+                layers[i].bv = _tensor(L.get("bv"))
+                layers[i].wo = _tensor(L["wo"])
+                layers[i].ffn_norm = _tensor(L["ffn_norm"])
+                layers[i].ffn_gate = _tensor(L["ffn_gate"])
+                layers[i].ffn_up = _tensor(L["ffn_up"])
+                layers[i].ffn_down = _tensor(L["ffn_down"])
+            d.layers = layers
+            with nogil:
+                rc = mi_ctx_create(&d, n_ctx, max_nt, n_threads, device, &self.ctx)
+            _check(rc)
+        finally:
+            free(layers)
+        self.n_vocab = d.n_vocab
+        self.n_ctx = n_ctx
+        self.max_nt = max_nt
+        self.device = device
+        self._keepalive = keepalive
+
+    def __dealloc__(self):
+        if self.ctx != NULL:
+            mi_ctx_free(self.ctx)
+            self.ctx = NULL
+
+    def close(self) -> None:
+        """Free the KV cache, scratch and device memory now (the object is unusable after)."""
+        if self.ctx != NULL:
+            mi_ctx_free(self.ctx)
+            self.ctx = NULL
+
+    def forward(self, const int32_t[::1] tokens, const int32_t[::1] pos, const int32_t[::1] out_rows,
+                float[:, ::1] logits=None, int32_t[::1] argmax=None) -> None:
+        """Run one forward over len(tokens) tokens at positions ``pos`` (int32 arrays).
+
+        Writes f32 logits [len(out_rows), n_vocab] into ``logits`` and/or int32 argmax
+        [len(out_rows)] into ``argmax`` for the rows ``out_rows`` (int32 indices into tokens).
+        Raises ValueError on mismatched lengths, ContextFullError for a position >= n_ctx,
+        NativeError for other C errors. Releases the GIL while it runs.
+        """
+        if self.ctx == NULL:
+            raise ValueError("context is closed")
+        cdef int nt = tokens.shape[0]
+        cdef int n_out = out_rows.shape[0]
+        if pos.shape[0] != nt:
+            raise ValueError("tokens and pos differ in length")
+        if nt == 0:
+            raise ValueError("empty token batch")
+        if logits is not None and (logits.shape[0] < n_out or logits.shape[1] != self.n_vocab):
+            raise ValueError("logits buffer must be [n_out, n_vocab]")
+        if argmax is not None and argmax.shape[0] < n_out:
+            raise ValueError("argmax buffer too small")
+        cdef float *lp = &logits[0, 0] if logits is not None and n_out > 0 else NULL
+        cdef int32_t *ap = &argmax[0] if argmax is not None and n_out > 0 else NULL
+        cdef const int32_t *rp = &out_rows[0] if n_out > 0 else NULL
+        cdef int rc
+        with nogil:
+            rc = mi_forward(self.ctx, &tokens[0], &pos[0], nt, rp, n_out, lp, ap)
+        _check(rc)
+
+
+def dequantize(int type, const unsigned char[::1] src, int64_t n_rows, int64_t n_cols, float[:, ::1] dst) -> None:
+    """Dequantize ``n_rows`` x ``n_cols`` elements of ggml ``type`` from raw bytes into f32 ``dst``."""
+    if dst.shape[0] != n_rows or dst.shape[1] != n_cols:
+        raise ValueError("dst must be [n_rows, n_cols]")
+    _check(mi_dequantize(type, &src[0], n_rows, n_cols, &dst[0, 0]))
+
+
+def matmul(int device, int type, const unsigned char[::1] w, int64_t n_rows, int64_t n_cols, const float[:, ::1] x,
+           float[:, ::1] y, int n_threads=0) -> None:
+    """y[nt, n_rows] = x[nt, n_cols] @ W.T with W given as raw bytes of ggml ``type`` (quantized
+    activations as the engine does). ``device``: DEVICE_CPU or DEVICE_CUDA."""
+    cdef int nt = x.shape[0]
+    if x.shape[1] != n_cols or y.shape[0] != nt or y.shape[1] != n_rows:
+        raise ValueError("shape mismatch: x [nt, n_cols], y [nt, n_rows]")
+    cdef int rc
+    with nogil:
+        rc = mi_op_matmul(device, type, &w[0], n_rows, n_cols, &x[0, 0], nt, &y[0, 0], n_threads)
+    _check(rc)

@@ -1,0 +1,200 @@
+"""The ``pyminfer`` command: run, tokenize, bench, chat, serve.
+
+``run`` streams only the generated text to stdout; load time and prefill/decode speed go to
+stderr (``--json`` prints one JSON object instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=None,
+                   help="GGUF file or a known model name (default: qwen2.5-coder-0.5b, fetched into the cache)")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all cores)")
+    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context size n_ctx (default min(4096, trained))")
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec-draft", default=None, metavar="MODEL", help="draft model for speculative decoding")
+    p.add_argument("--spec-draft-n", type=int, default=4, metavar="D", help="draft tokens per round (0..7)")
+    p.add_argument("--spec-draft-adaptive", action="store_true", help="choose the draft depth each round")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temp", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--repeat-last-n", type=int, default=64)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    from .engine import Model, log
+    from .models import resolve_model
+
+    path = resolve_model(args.model)
+    model = Model(path, device=args.device, n_ctx=args.ctx_size, n_threads=args.threads)
+    log(f"pyminfer: loaded {path.name} ({model.config.arch}, {model.gguf.file_type}, {model.device}) "
+        f"in {model.load_time:.2f} s")
+    draft = None
+    if getattr(args, "spec_draft", None):
+        draft = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=model.n_ctx, n_threads=args.threads)
+        if draft.gguf.weight_bytes > model.gguf.weight_bytes:
+            log("pyminfer: warning: the draft model is larger than the target; speculation will likely be slower")
+        log(f"pyminfer: draft {draft.gguf.path.name} loaded in {draft.load_time:.2f} s")
+    return model, draft
+
+
+def _params(args: argparse.Namespace) -> Any:
+    from .sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
+                          stop=list(args.stop))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .engine import log
+    from .generate import generate_stream
+
+    model, draft = _load(args)
+    tok = model.tokenizer
+    prompt = args.prompt
+    if args.file:
+        with open(args.file, encoding="utf-8") as f:
+            prompt = f.read()
+    if prompt is None:
+        raise ValueError("give a prompt with -p or -f")
+    if args.chat:
+        prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    ids = tok.encode(prompt, parse_special=True)
+    params = _params(args)
+    res = None
+    for ch in generate_stream(model, ids, params, args.n_predict, draft=draft, spec_draft_n=args.spec_draft_n,
+                              spec_adaptive=args.spec_draft_adaptive):
+        if ch.result is not None:
+            res = ch.result
+        elif not args.json:
+            sys.stdout.write(ch.text)
+            sys.stdout.flush()
+    assert res is not None
+    if args.json:
+        out = res.to_json()
+        out["model"] = str(model.gguf.path.name)
+        out["device"] = model.device
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        t = res.timings
+        log(f"pyminfer: load {t['load_s']:.2f} s | prefill {t['prefill_tokens']} tok, {t['prefill_tok_s']:.1f} tok/s | "
+            f"decode {len(res.generated_ids)} tok, {t['decode_tok_s']:.1f} tok/s | finish: {res.finish_reason} "
+            f"({res.stop_reason})")
+        if res.spec:
+            s = res.spec
+            log(f"pyminfer: spec rounds {s['rounds']}, drafted {s['drafted']}, accepted {s['accepted']} "
+                f"({100 * s['acceptance_rate']:.1f}%), {s['tokens_per_round']:.2f} tok/round, mean depth "
+                f"{s['mean_depth']:.2f}, draft {s['draft_s']:.2f} s, verify {s['verify_s']:.2f} s")
+    model.close()
+    if draft:
+        draft.close()
+    return 0
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from .models import resolve_model
+    from .tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(resolve_model(args.model))
+    print(json.dumps(tok.encode(args.text, parse_special=not args.no_parse_special)))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import main_bench
+
+    return main_bench(args)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from .chat import main_chat
+
+    return main_chat(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import main_serve
+
+    return main_serve(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="pyminfer", description="GGUF inference with speculative decoding")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="generate text from a prompt")
+    _add_model_args(r)
+    r.add_argument("-p", "--prompt", default=None)
+    r.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
+    r.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
+    r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    _add_sampling_args(r)
+    _add_spec_args(r)
+    r.set_defaults(func=cmd_run)
+
+    t = sub.add_parser("tokenize", help="print token ids as a JSON list")
+    t.add_argument("-m", "--model", default=None)
+    t.add_argument("--no-parse-special", action="store_true")
+    t.add_argument("text")
+    t.set_defaults(func=cmd_tokenize)
+
+    b = sub.add_parser("bench", help="prefill / decode throughput (llama-bench style)")
+    _add_model_args(b)
+    b.add_argument("-p", "--n-prompt", type=int, default=512)
+    b.add_argument("-n", "--n-gen", type=int, default=128)
+    b.add_argument("-r", "--repetitions", type=int, default=5)
+    b.add_argument("-o", "--output", default="md", choices=["md", "json", "csv"])
+    b.add_argument("--depth", type=int, default=0, help="context depth before the tg test (tokens)")
+    b.add_argument("--verify-curve", action="store_true", help="print C_T(nt)/C_T(1) for nt = 1..16")
+    _add_spec_args(b)
+    b.set_defaults(func=cmd_bench)
+
+    c = sub.add_parser("chat", help="interactive multi-turn chat")
+    _add_model_args(c)
+    _add_sampling_args(c)
+    _add_spec_args(c)
+    c.add_argument("-n", "--n-predict", type=int, default=1024)
+    c.add_argument("--system", default=None, help="system message")
+    c.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _add_model_args(s)
+    _add_spec_args(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.set_defaults(func=cmd_serve)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError, MemoryError, KeyError) as e:
+        print(f"pyminfer: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

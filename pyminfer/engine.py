@@ -1,0 +1,132 @@
+"""A loaded model on one device: GGUF weights (mmap), tokenizer, native context (KV cache).
+
+The KV cache is position-addressed: a forward over tokens at positions start..start+n-1 writes
+their K/V into those slots, and every row attends to slots 0..its own position. The caller owns
+the bookkeeping of which positions hold valid K/V (``n_past``); rolling back is lowering it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+# libgomp spins waiting for work between parallel regions; on a loaded 2-core machine pure
+# spinning collapses throughput, so spin briefly then sleep (set before the runtime loads).
+os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+
+import numpy as np  # noqa: E402
+
+from . import _core  # noqa: E402
+from .gguf_model import GGUFModel  # noqa: E402
+from .tokenizer import Tokenizer  # noqa: E402
+
+
+def resolve_device(device: str) -> int:
+    """'cpu' | 'cuda' | 'auto' -> native device id. Raises ValueError/RuntimeError."""
+    if device == "auto":
+        return _core.DEVICE_CUDA if _core.cuda_available() else _core.DEVICE_CPU
+    if device == "cpu":
+        return _core.DEVICE_CPU
+    if device == "cuda":
+        if not _core.cuda_available():
+            raise RuntimeError("--device cuda: no CUDA device is visible (or this build has no CUDA backend)")
+        return _core.DEVICE_CUDA
+    raise ValueError(f"unknown device {device!r} (expected cpu, cuda or auto)")
+
+
+class Model:
+    """One GGUF model ready to run.
+
+    Args:
+        path: GGUF file.  device: 'auto' (CUDA when visible), 'cuda' or 'cpu'.
+        n_ctx: KV cache positions (default min(4096, n_ctx_train)).  n_threads: CPU threads
+        (0: all cores).  max_nt: most tokens per native forward (prefill is chunked to it).
+    Raises:
+        FileNotFoundError, GGUFError (bad file / arch / type), RuntimeError (device), MemoryError.
+    """
+
+    def __init__(self, path: str | Path, *, device: str = "auto", n_ctx: int | None = None, n_threads: int = 0,
+                 max_nt: int = 64):
+        t0 = time.perf_counter()
+        self.gguf = GGUFModel(path)
+        self.config = self.gguf.config
+        self.tokenizer = Tokenizer.from_gguf(self.gguf.path)
+        if n_ctx is None:
+            n_ctx = min(4096, self.config.n_ctx_train)
+        if n_ctx < 1:
+            raise ValueError("n_ctx must be >= 1")
+        self.n_ctx = n_ctx
+        self.device_id = resolve_device(device)
+        self.device = "cuda" if self.device_id == _core.DEVICE_CUDA else "cpu"
+        self.max_nt = max_nt
+        self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(), n_ctx, max_nt, n_threads,
+                                 self.device_id, keepalive=self.gguf)
+        self.load_time = time.perf_counter() - t0
+        self._argmax_buf = np.zeros(max_nt, np.int32)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.config.n_vocab
+
+    def close(self) -> None:
+        """Free the KV cache and device memory now."""
+        if getattr(self, "ctx", None) is not None:
+            self.ctx.close()
+            self.ctx = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_span(self, n: int, start: int) -> None:
+        if start < 0 or start + n > self.n_ctx:
+            raise ContextFull(f"positions {start}..{start + n - 1} exceed the context size n_ctx={self.n_ctx}")
+
+    def forward(self, tokens: Sequence[int], start: int, out_rows: Sequence[int], *,
+                logits: bool = True) -> np.ndarray:
+        """Evaluate ``tokens`` at positions start.. (one batch, len <= max_nt).
+
+        Returns f32 logits [len(out_rows), n_vocab] when ``logits`` else int32 argmax [len(out_rows)].
+        Raises ContextFull past n_ctx, ValueError for a batch over max_nt.
+        """
+        n = len(tokens)
+        if n > self.max_nt:
+            raise ValueError(f"batch of {n} tokens exceeds max_nt={self.max_nt}")
+        self._check_span(n, start)
+        tk = np.asarray(tokens, dtype=np.int32)
+        pos = np.arange(start, start + n, dtype=np.int32)
+        rows = np.asarray(out_rows, dtype=np.int32)
+        if logits:
+            out = np.empty((len(rows), self.n_vocab), np.float32)
+            self.ctx.forward(tk, pos, rows, out, None)
+            return out
+        am = np.empty(len(rows), np.int32)
+        self.ctx.forward(tk, pos, rows, None, am)
+        return am
+
+    def prefill(self, tokens: Sequence[int], start: int, *, logits: bool = True) -> np.ndarray:
+        """Evaluate a prompt in chunks of max_nt; returns the last token's logits [n_vocab] (or its
+        argmax as a 1-element array)."""
+        if not tokens:
+            raise ValueError("nothing to evaluate")
+        self._check_span(len(tokens), start)
+        out = None
+        for i in range(0, len(tokens), self.max_nt):
+            chunk = tokens[i:i + self.max_nt]
+            last = i + self.max_nt >= len(tokens)
+            out = self.forward(chunk, start + i, [len(chunk) - 1] if last else [], logits=logits)
+        assert out is not None
+        return out[0] if logits else out
+
+
+class ContextFull(ValueError):
+    """The tokens would not fit in the KV cache (n_ctx)."""
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

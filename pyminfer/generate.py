@@ -1,0 +1,177 @@
+"""Generation: a token source (plain decoding or speculative) driven until EOS, a stop string,
+max_tokens or a full context, with streaming detokenization.
+
+Plain decoding evaluates one token per forward. Where sampling is greedy without a repetition
+penalty, only the on-device argmax (one int32) is read back per token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .engine import ContextFull, Model
+from .sampling import Sampler, SamplingParams, StopChecker
+from .tokenizer import StreamDecoder
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced.
+
+    finish_reason: 'stop' (end-of-generation token or stop string) or 'length' (max_tokens or the
+    context filled up); stop_reason says which: 'eos', 'stop_string', 'max_tokens', 'context'.
+    timings: load/prefill/decode seconds and tokens/s. spec: speculative statistics or None.
+    """
+
+    text: str
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    finish_reason: str
+    stop_reason: str
+    timings: dict[str, float]
+    spec: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("text", "prompt_ids", "generated_ids", "finish_reason", "stop_reason",
+                                            "timings")}
+        if self.spec is not None:
+            d["spec"] = self.spec
+        return d
+
+
+@dataclass
+class Chunk:
+    """One streamed piece: new text and the ids that produced it; the last chunk carries result."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    result: GenerationResult | None = None
+
+
+class PlainDecoder:
+    """One token per target forward. ``stats`` holds prefill/decode timings after iteration."""
+
+    def __init__(self, model: Model, sampler: Sampler):
+        self.model = model
+        self.sampler = sampler
+        self.stats: dict[str, float] = {}
+
+    def tokens(self, prompt_ids: Sequence[int], n_past: int = 0) -> Iterator[int]:
+        """Yield generated ids forever (the caller stops). ``n_past``: leading prompt positions
+        whose K/V are already in the cache. Raises ContextFull when the cache is full."""
+        m, smp = self.model, self.sampler
+        need = smp.p.needs_logits
+        n_past = min(n_past, len(prompt_ids) - 1)
+        t0 = time.perf_counter()
+        out = m.prefill(list(prompt_ids[n_past:]), n_past, logits=need)
+        t1 = time.perf_counter()
+        self.stats.update(prefill_s=t1 - t0, prefill_tokens=len(prompt_ids) - n_past, decode_s=0.0, decode_tokens=0)
+        hist = list(prompt_ids)
+        while True:
+            tok = smp.sample(out, hist) if need else int(out[0])
+            hist.append(tok)
+            yield tok
+            ts = time.perf_counter()
+            out = m.forward([tok], len(hist) - 1, [0], logits=need)
+            if need:
+                out = out[0]
+            self.stats["decode_s"] += time.perf_counter() - ts
+            self.stats["decode_tokens"] += 1
+
+
+def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int, *,
+                    draft: Model | None = None, spec_draft_n: int = 4, spec_adaptive: bool = False,
+                    n_past: int = 0, skip_special: bool = True) -> Iterator[Chunk]:
+    """Generate up to ``max_tokens`` tokens after ``prompt_ids``, yielding text chunks.
+
+    With ``draft`` the tokens come from speculative decoding (pyminfer.spec), which at
+    temperature 0 gives the same ids as plain decoding. Raises ValueError for an empty prompt,
+    a prompt that does not fit n_ctx, or max_tokens < 0.
+    """
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty (no tokens): give some text")
+    if max_tokens < 0:
+        raise ValueError("max_tokens must be >= 0")
+    if len(prompt_ids) >= model.n_ctx:
+        raise ContextFull(f"the prompt has {len(prompt_ids)} tokens; the context holds n_ctx={model.n_ctx} "
+                          "(need at least one free position to generate)")
+    sampler = Sampler(params)
+    if draft is not None:
+        from .spec import SpecDecoder
+
+        dec: Any = SpecDecoder(model, draft, sampler, draft_n=spec_draft_n, adaptive=spec_adaptive)
+    else:
+        dec = PlainDecoder(model, sampler)
+    tok = model.tokenizer
+    sd = StreamDecoder(tok, skip_special=skip_special)
+    stopper = StopChecker(params.stop)
+    generated: list[int] = []
+    text_parts: list[str] = []
+    finish, reason = "length", "max_tokens"
+    t_start = time.perf_counter()
+    src = dec.tokens(prompt_ids, n_past) if max_tokens > 0 else iter(())
+    try:
+        while len(generated) < max_tokens:
+            try:
+                t = next(src)
+            except StopIteration:
+                break
+            except ContextFull:
+                finish, reason = "length", "context"
+                break
+            generated.append(t)
+            if t in tok.eog_ids:
+                finish, reason = "stop", "eos"
+                break
+            out, stopped = stopper.push(sd.feed(t))
+            if out:
+                text_parts.append(out)
+                yield Chunk(out, [t])
+            if stopped:
+                finish, reason = "stop", "stop_string"
+                break
+    finally:
+        close = getattr(src, "close", None)
+        if close:
+            close()
+    if reason not in ("stop_string",):
+        tail, stopped = stopper.push(sd.flush())
+        tail += "" if stopped else stopper.flush()
+        if stopped:
+            finish, reason = "stop", "stop_string"
+        if tail:
+            text_parts.append(tail)
+            yield Chunk(tail, [])
+    total = time.perf_counter() - t_start
+    st = dict(dec.stats)
+    timings = {
+        "load_s": model.load_time,
+        "prefill_s": st.get("prefill_s", 0.0),
+        "prefill_tokens": st.get("prefill_tokens", 0),
+        "prefill_tok_s": st.get("prefill_tokens", 0) / st["prefill_s"] if st.get("prefill_s") else 0.0,
+        "decode_s": total - st.get("prefill_s", 0.0),
+        "total_s": total,
+    }
+    n_dec = max(len(generated) - 1, 0)  # the first token comes out of the prefill
+    timings["decode_tok_s"] = n_dec / timings["decode_s"] if timings["decode_s"] > 0 and n_dec else 0.0
+    spec = dec.spec_stats() if hasattr(dec, "spec_stats") else None
+    res = GenerationResult("".join(text_parts), list(prompt_ids), generated, finish, reason, timings, spec)
+    yield Chunk("", [], res)
+
+
+def generate(model: Model, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
+             **kw: Any) -> GenerationResult:
+    """Non-streaming ``generate_stream``: returns the final GenerationResult."""
+    res = None
+    for ch in generate_stream(model, prompt_ids, params, max_tokens, **kw):
+        res = ch.result or res
+    assert res is not None
+    return res
+
+
+def as_ids(x: Any) -> np.ndarray:
+    return np.asarray(x, dtype=np.int32)

@@ -1,0 +1,202 @@
+"""Open a GGUF file (mmap, zero copy), validate it, and map its keys to a model config.
+
+Format: the GGUF spec (github.com/ggml-org/ggml, docs/gguf.md), read with the `gguf` package's
+``GGUFReader``, which maps the file with numpy.memmap: tensor data are views into the mapping,
+never copied or dequantized at load. Architectures: ``qwen2`` and ``llama``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# ggml type ids the native core supports (mi_quants.h), with their names
+SUPPORTED_TYPES: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
+}
+BLOCK = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+         12: (256, 144), 13: (256, 176), 14: (256, 210)}  # type -> (elements, bytes) per block
+SUPPORTED_ARCHS = ("qwen2", "llama")
+ROPE_NORM, ROPE_NEOX = 0, 2
+
+
+class GGUFError(ValueError):
+    """The file is not a usable GGUF model: corrupt, truncated, or of an unsupported kind."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a decoder-only transformer, from the GGUF's ``{arch}.*`` keys."""
+
+    arch: str
+    name: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    rope_type: int  # ROPE_NORM (llama: adjacent pairs) or ROPE_NEOX (qwen2: halves)
+    rope_freq_base: float
+    rms_eps: float
+    n_ctx_train: int
+    tied_embeddings: bool
+    qkv_bias: bool
+
+    def native(self) -> dict[str, Any]:
+        """The dict ``pyminfer._core.Context`` takes."""
+        return {k: getattr(self, k) for k in (
+            "n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab", "rope_type",
+            "rope_freq_base", "rms_eps")}
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    v = f.contents()
+    return v
+
+
+class GGUFModel:
+    """A GGUF model file opened for inference.
+
+    Attributes:
+        path: the file.  reader: the ``gguf.GGUFReader`` (keeps the mmap alive).
+        config: ModelConfig.  tensors: name -> (address, ggml type, n_cols, n_rows) for the
+        native core, addresses pointing into the mmap.  weight_bytes: bytes of all tensors.
+    Raises (from ``open``):
+        FileNotFoundError; GGUFError naming the file (and tensor/type) for a corrupt or truncated
+        file, an unsupported architecture, or an unsupported tensor type.
+    """
+
+    def __init__(self, path: str | Path):
+        from gguf import GGUFReader  # imported here: heavy, and only needed to load
+
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"model file not found: {self.path}")
+        try:
+            self.reader = GGUFReader(self.path, "r")
+        except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
+            raise GGUFError(f"{self.path}: not a valid GGUF file ({type(e).__name__}: {e})") from e
+        r = self.reader
+        arch = _field(r, "general.architecture")
+        if arch not in SUPPORTED_ARCHS:
+            raise GGUFError(f"{self.path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
+        self.tensors: dict[str, tuple[int, int, int, int]] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+        self.weight_bytes = 0
+        file_size = self.path.stat().st_size
+        for t in r.tensors:
+            typ = int(t.tensor_type)
+            if typ not in SUPPORTED_TYPES:
+                tname = getattr(t.tensor_type, "name", str(typ))
+                raise GGUFError(f"{self.path}: tensor {t.name!r} has unsupported type {tname} (ggml type {typ}); "
+                                f"supported: {', '.join(SUPPORTED_TYPES.values())}")
+            shape = [int(x) for x in t.shape]  # GGUF ne order: ne0 (columns) first
+            n_cols = shape[0]
+            n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            be, bb = BLOCK[typ]
+            if n_cols % be:
+                raise GGUFError(f"{self.path}: tensor {t.name!r}: {n_cols} columns is not a multiple of the "
+                                f"{SUPPORTED_TYPES[typ]} block ({be})")
+            need = n_rows * (n_cols // be) * bb
+            if t.data.nbytes != need or int(t.data_offset) + need > file_size:
+                raise GGUFError(f"{self.path}: tensor {t.name!r} is truncated ({t.data.nbytes} of {need} bytes): "
+                                "the file is incomplete or corrupt")
+            self._arrays[t.name] = t.data
+            self.tensors[t.name] = (int(t.data.ctypes.data), typ, n_cols, n_rows)
+            self.weight_bytes += need
+        self.config = self._config(arch)
+
+    def _config(self, arch: str) -> ModelConfig:
+        r = self.reader
+        p = f"{arch}."
+
+        def req(key: str) -> Any:
+            v = _field(r, p + key)
+            if v is None:
+                raise GGUFError(f"{self.path}: missing metadata key {p + key}")
+            return v
+
+        n_head = int(req("attention.head_count"))
+        n_embd = int(req("embedding_length"))
+        head_dim = int(_field(r, p + "attention.key_length", n_embd // n_head))
+        if "token_embd.weight" not in self.tensors:
+            raise GGUFError(f"{self.path}: missing tensor token_embd.weight")
+        n_vocab = self.tensors["token_embd.weight"][3]
+        tied = "output.weight" not in self.tensors
+        return ModelConfig(
+            arch=arch,
+            name=str(_field(r, "general.name", self.path.stem)),
+            n_layer=int(req("block_count")),
+            n_embd=n_embd,
+            n_ff=int(req("feed_forward_length")),
+            n_head=n_head,
+            n_head_kv=int(_field(r, p + "attention.head_count_kv", n_head)),
+            head_dim=head_dim,
+            n_vocab=n_vocab,
+            rope_type=ROPE_NEOX if arch == "qwen2" else ROPE_NORM,
+            rope_freq_base=float(_field(r, p + "rope.freq_base", 10000.0)),
+            rms_eps=float(req("attention.layer_norm_rms_epsilon")),
+            n_ctx_train=int(_field(r, p + "context_length", 4096)),
+            tied_embeddings=tied,
+            qkv_bias="blk.0.attn_q.bias" in self.tensors,
+        )
+
+    def native_tensors(self) -> dict[str, Any]:
+        """The tensor dict ``pyminfer._core.Context`` takes (see its docstring)."""
+        t = self.tensors
+
+        def need(name: str) -> tuple[int, int, int, int]:
+            if name not in t:
+                raise GGUFError(f"{self.path}: missing tensor {name}")
+            return t[name]
+
+        layers = []
+        for i in range(self.config.n_layer):
+            b = f"blk.{i}."
+            layers.append({
+                "attn_norm": need(b + "attn_norm.weight"), "wq": need(b + "attn_q.weight"),
+                "wk": need(b + "attn_k.weight"), "wv": need(b + "attn_v.weight"),
+                "bq": t.get(b + "attn_q.bias"), "bk": t.get(b + "attn_k.bias"), "bv": t.get(b + "attn_v.bias"),
+                "wo": need(b + "attn_output.weight"), "ffn_norm": need(b + "ffn_norm.weight"),
+                "ffn_gate": need(b + "ffn_gate.weight"), "ffn_up": need(b + "ffn_up.weight"),
+                "ffn_down": need(b + "ffn_down.weight"),
+            })
+        return {
+            "tok_embd": need("token_embd.weight"),
+            "output_norm": need("output_norm.weight"),
+            "output": t.get("output.weight") or need("token_embd.weight"),
+            "layers": layers,
+        }
+
+    @property
+    def file_type(self) -> str:
+        """The dominant weight type, e.g. 'Q4_K' (by bytes, over 2-D tensors)."""
+        by: dict[str, int] = {}
+        for _, (_, typ, c, r) in self.tensors.items():
+            if r > 1:
+                be, bb = BLOCK[typ]
+                by[SUPPORTED_TYPES[typ]] = by.get(SUPPORTED_TYPES[typ], 0) + r * c // be * bb
+        return max(by, key=by.get) if by else "?"
+
+    def decode_bytes_per_token(self) -> int:
+        """Weight bytes one decoded token reads: every tensor except the embedding table, of which
+        one row (the roofline convention of ../shared/anchors/ANCHORS.md)."""
+        total = 0
+        for name, (_, typ, c, r) in self.tensors.items():
+            be, bb = BLOCK[typ]
+            n = r * (c // be) * bb
+            if name == "token_embd.weight":
+                total += n // r
+                if self.config.tied_embeddings:
+                    total += n
+            else:
+                total += n
+        return total

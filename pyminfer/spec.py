@@ -1,0 +1,238 @@
+"""Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023), greedy-exact.
+
+One round, with last committed token x at position p (x's K/V not yet in the target cache):
+  draft:  d sequential one-token forwards of the draft model (argmax on the device), after first
+          feeding it every committed token it has not seen yet (never re-running what it saw);
+  verify: ONE target forward over [x, y1..yd] at positions p..p+d, every row's choice;
+  accept: the longest prefix where the target's choice equals the draft, plus the target's own
+          token after it (so a round always emits >= 1 token);
+  KV:     nothing is copied or cleared: both caches are position-addressed, rejected slots are
+          overwritten by later rounds (bookkeeping only).
+Every emitted token is the target's own choice on a row whose context equals the committed text,
+and the native forward guarantees row i of an nt-row forward is bitwise equal to the one-row
+forward at that position, so at temperature 0 the output is byte-identical to plain decoding.
+At temperature > 0 each emitted token is one draw from the target's distribution in order, so
+with the same seed the output also equals plain sampling.
+
+Adaptive depth (``adaptive=True``) follows the seeds' doc 95 design: per-position acceptance
+estimated with decayed Beta counts, per-depth round costs from a min-of-4 window, optimism for
+depths not tried yet, 10% hysteresis, d = 0 (plain decoding) allowed, capped at MAX_DEPTH (the
+largest d whose verify batch is bitwise on every backend: nt = d + 1 <= 8).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .engine import ContextFull, Model
+from .sampling import Sampler
+from .tokenizer import Tokenizer
+
+MAX_DEPTH = 7
+
+
+class VocabMismatch(ValueError):
+    """The draft model's vocabulary cannot propose tokens for the target."""
+
+
+def check_vocab_compat(target: Tokenizer, draft: Tokenizer) -> None:
+    """Refuse a draft whose vocabulary differs from the target's, as llama.cpp's
+    common_speculative_are_compatible does: same tokenizer model, same add_bos/add_eos and (where
+    added) same BOS/EOS ids, |n_vocab difference| <= 128, and identical token text for every id
+    from 5 to min(n_vocab). Raises VocabMismatch naming the first mismatch."""
+    if target.model_type != draft.model_type:
+        raise VocabMismatch(f"tokenizer model differs: target {target.model_type!r}, draft {draft.model_type!r}")
+    if target.add_bos != draft.add_bos or (target.add_bos and target.bos_id != draft.bos_id):
+        raise VocabMismatch(f"BOS differs: target add_bos={target.add_bos} id={target.bos_id}, "
+                            f"draft add_bos={draft.add_bos} id={draft.bos_id}")
+    if target.add_eos != draft.add_eos or (target.add_eos and target.eos_id != draft.eos_id):
+        raise VocabMismatch(f"EOS differs: target add_eos={target.add_eos} id={target.eos_id}, "
+                            f"draft add_eos={draft.add_eos} id={draft.eos_id}")
+    if abs(target.n_vocab - draft.n_vocab) > 128:
+        raise VocabMismatch(f"vocabulary sizes differ by more than 128: target {target.n_vocab}, draft {draft.n_vocab}")
+    for i in range(5, min(target.n_vocab, draft.n_vocab)):
+        a, b = target.token_text(i), draft.token_text(i)
+        if a != b:
+            raise VocabMismatch(f"token {i} differs: target {a!r}, draft {b!r}")
+
+
+class AdaptiveDepth:
+    """Chooses the draft depth d of each round to maximise expected tokens per second.
+
+    Model: a round at depth d costs d draft steps plus one target forward of d+1 rows and yields
+    1 + sum_{i<=d} prod_{j<=i} p_j tokens, p_j the conditional acceptance at draft position j.
+    """
+
+    def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.10):
+        self.max_depth = max_depth
+        self.decay = decay
+        self.hysteresis = hysteresis
+        # Beta(1.6, 0.4) prior (mean 0.8): optimism, so depths not tried yet look worth trying
+        self.acc = np.full(max_depth + 1, 1.6)
+        self.rej = np.full(max_depth + 1, 0.4)
+        self.verify_cost: list[deque[float]] = [deque(maxlen=4) for _ in range(max_depth + 2)]  # by nt
+        self.draft_step: deque[float] = deque(maxlen=16)
+        self.cur = 0  # first round plain: measures C_T(1)
+        self.start = min(start, max_depth)
+        self.history: list[int] = []
+
+    def p(self) -> np.ndarray:
+        return self.acc / (self.acc + self.rej)
+
+    def c_verify(self, nt: int) -> float | None:
+        w = self.verify_cost[nt]
+        if w:
+            return min(w)
+        known = [(k, min(v)) for k, v in enumerate(self.verify_cost) if v]
+        if not known:
+            return None
+        k, c = min(known, key=lambda kc: abs(kc[0] - nt))
+        return c * (1.0 + 0.05 * max(nt - k, 0))  # optimistic growth for unseen batch sizes
+
+    def rate(self, d: int) -> float:
+        cv = self.c_verify(d + 1)
+        cd = min(self.draft_step) if self.draft_step else None
+        if cv is None or (d > 0 and cd is None):
+            return float("inf") if d == self.start else 0.0
+        p = self.p()
+        exp_tokens = 1.0 + float(np.sum(np.cumprod(p[1:d + 1]))) if d else 1.0
+        return exp_tokens / (cv + d * (cd or 0.0))
+
+    def choose(self) -> int:
+        if not self.history:
+            d = 0
+        elif len(self.history) == 1:
+            d = self.start
+        else:
+            rates = [self.rate(d) for d in range(self.max_depth + 1)]
+            best = int(np.argmax(rates))
+            d = best if rates[best] > rates[self.cur] * (1.0 + self.hysteresis) else self.cur
+        self.cur = d
+        self.history.append(d)
+        return d
+
+    def update(self, d: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+        self.verify_cost[d + 1].append(verify_s)
+        if d:
+            self.draft_step.append(draft_s / d)
+        for i in range(1, min(n_accepted + 1, d) + 1):
+            ok = i <= n_accepted
+            self.acc[i] = self.acc[i] * self.decay + (1.0 if ok else 0.0)
+            self.rej[i] = self.rej[i] * self.decay + (0.0 if ok else 1.0)
+
+
+class SpecDecoder:
+    """Token source for generate_stream: target + draft, fixed or adaptive depth.
+
+    Raises VocabMismatch at construction for an incompatible draft; ValueError for a depth outside
+    0..MAX_DEPTH (deeper verify batches are not bitwise on every backend).
+    """
+
+    def __init__(self, target: Model, draft: Model, sampler: Sampler, *, draft_n: int = 4, adaptive: bool = False):
+        if not 0 <= draft_n <= MAX_DEPTH:
+            raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {draft_n}")
+        if draft_n + 1 > target.max_nt:
+            raise ValueError("target max_nt too small for the draft depth")
+        check_vocab_compat(target.tokenizer, draft.tokenizer)
+        self.target, self.draft, self.sampler = target, draft, sampler
+        self.draft_n = draft_n
+        self.adaptive = AdaptiveDepth(start=max(draft_n, 1)) if adaptive else None
+        self.stats: dict[str, float] = {}
+        self.rounds = 0
+        self.drafted_at = np.zeros(MAX_DEPTH + 1, np.int64)  # per draft position (1-based)
+        self.accepted_at = np.zeros(MAX_DEPTH + 1, np.int64)
+        self.draft_s = 0.0
+        self.verify_s = 0.0
+        self.emitted = 0
+        self.depths: list[int] = []
+
+    def _choose(self, row: np.ndarray | int, hist: Sequence[int]) -> int:
+        if isinstance(row, (int, np.integer)):
+            return int(row)
+        return self.sampler.sample(row, hist)
+
+    def tokens(self, prompt_ids: Sequence[int], n_past: int = 0, draft_n_past: int = 0) -> Iterator[int]:
+        """Yield generated ids forever (the caller stops); raises ContextFull when full."""
+        T, D = self.target, self.draft
+        need = self.sampler.p.needs_logits
+        n_ctx = min(T.n_ctx, D.n_ctx)
+        n_past = min(n_past, len(prompt_ids) - 1)
+        t0 = time.perf_counter()
+        out = T.prefill(list(prompt_ids[n_past:]), n_past, logits=need)
+        t1 = time.perf_counter()
+        self.stats.update(prefill_s=t1 - t0, prefill_tokens=len(prompt_ids) - n_past)
+        hist = list(prompt_ids)
+        d_valid = min(draft_n_past, len(prompt_ids) - 1)  # draft K/V valid for hist[:d_valid]
+        tok = self._choose(out if need else out[0], hist)
+        hist.append(tok)
+        self.emitted += 1
+        yield tok
+        while True:
+            p = len(hist) - 1  # position of the last committed token, not yet in the target cache
+            if p >= n_ctx:
+                raise ContextFull(f"context full at n_ctx={n_ctx}")
+            d = self.adaptive.choose() if self.adaptive else self.draft_n
+            d = max(0, min(d, n_ctx - 1 - p))
+            ta = time.perf_counter()
+            drafts: list[int] = []
+            if d > 0:
+                pending = hist[d_valid:]
+                y = int(D.prefill(pending, d_valid, logits=False)[0])
+                drafts.append(y)
+                for i in range(1, d):
+                    y = int(D.forward([y], p + i, [0], logits=False)[0])
+                    drafts.append(y)
+                d_valid = p + d  # the draft saw hist[-1] at p and drafts[:d-1] at p+1..p+d-1
+            tb = time.perf_counter()
+            rows = T.forward([hist[-1]] + drafts, p, list(range(d + 1)), logits=need)
+            tc = time.perf_counter()
+            emitted: list[int] = []
+            for i in range(d + 1):
+                z = self._choose(rows[i], hist + emitted)
+                emitted.append(z)
+                if i < d:
+                    self.drafted_at[i + 1] += 1
+                    if z != drafts[i]:
+                        break
+                    self.accepted_at[i + 1] += 1
+            a = len(emitted) - 1
+            if d > 0:
+                d_valid = min(d_valid, p + 1 + a)  # the draft's rows past the accepted prefix are stale
+            self.rounds += 1
+            self.depths.append(d)
+            self.draft_s += tb - ta
+            self.verify_s += tc - tb
+            if self.adaptive:
+                self.adaptive.update(d, a, tb - ta, tc - tb)
+            for z in emitted:
+                hist.append(z)
+                self.emitted += 1
+                yield z
+
+    def spec_stats(self) -> dict[str, Any]:
+        """Rounds, drafted/accepted counts (total and per draft position), acceptance, mean
+        accepted length, tokens per round, draft and verify seconds, depths used."""
+        drafted = int(self.drafted_at.sum())
+        accepted = int(self.accepted_at.sum())
+        n = max(len(self.depths), 1)
+        return {
+            "rounds": self.rounds,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "acceptance_per_position": [
+                float(self.accepted_at[i] / self.drafted_at[i]) if self.drafted_at[i] else None
+                for i in range(1, MAX_DEPTH + 1)],
+            "drafted_per_position": [int(x) for x in self.drafted_at[1:]],
+            "accepted_per_position": [int(x) for x in self.accepted_at[1:]],
+            "mean_accepted": accepted / self.rounds if self.rounds else 0.0,
+            "tokens_per_round": (self.emitted - 1) / self.rounds if self.rounds else 0.0,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "mean_depth": float(sum(self.depths) / n) if self.depths else 0.0,
+            "adaptive": self.adaptive is not None,
+        }
