@@ -7,6 +7,7 @@ the bookkeeping of which positions hold valid K/V (``n_past``); rolling back is 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -44,15 +45,20 @@ class Model:
         path: GGUF file.  device: 'auto' (CUDA when visible), 'cuda' or 'cpu'.
         n_ctx: KV cache positions (default min(4096, n_ctx_train)).  n_threads: CPU threads
         (0: all cores).  max_nt: most tokens per native forward (prefill is chunked to it).
+        n_layer: use only the first n_layer blocks (a truncated self-draft; tests and experiments).
     Raises:
         FileNotFoundError, GGUFError (bad file / arch / type), RuntimeError (device), MemoryError.
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", n_ctx: int | None = None, n_threads: int = 0,
-                 max_nt: int = 64):
+                 max_nt: int = 64, n_layer: int | None = None):
         t0 = time.perf_counter()
         self.gguf = GGUFModel(path)
         self.config = self.gguf.config
+        if n_layer is not None:  # a truncated model (first n_layer blocks): a cheap self-draft for tests
+            if not 1 <= n_layer <= self.config.n_layer:
+                raise ValueError(f"n_layer must be in 1..{self.config.n_layer}")
+            self.config = dataclasses.replace(self.config, n_layer=n_layer)
         self.tokenizer = Tokenizer.from_gguf(self.gguf.path)
         if n_ctx is None:
             n_ctx = min(4096, self.config.n_ctx_train)
@@ -62,7 +68,7 @@ class Model:
         self.device_id = resolve_device(device)
         self.device = "cuda" if self.device_id == _core.DEVICE_CUDA else "cpu"
         self.max_nt = max_nt
-        self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(), n_ctx, max_nt, n_threads,
+        self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(self.config.n_layer), n_ctx, max_nt, n_threads,
                                  self.device_id, keepalive=self.gguf)
         self.load_time = time.perf_counter() - t0
         self._argmax_buf = np.zeros(max_nt, np.int32)

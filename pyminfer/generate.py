@@ -85,12 +85,15 @@ class PlainDecoder:
 
 def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int, *,
                     draft: Model | None = None, spec_draft_n: int = 4, spec_adaptive: bool = False,
-                    n_past: int = 0, skip_special: bool = True) -> Iterator[Chunk]:
+                    n_past: int = 0, draft_n_past: int = 0, skip_special: bool = True) -> Iterator[Chunk]:
     """Generate up to ``max_tokens`` tokens after ``prompt_ids``, yielding text chunks.
 
     With ``draft`` the tokens come from speculative decoding (pyminfer.spec), which at
     temperature 0 gives the same ids as plain decoding. Raises ValueError for an empty prompt,
-    a prompt that does not fit n_ctx, or max_tokens < 0.
+    a prompt that does not fit n_ctx, or max_tokens < 0. ``n_past`` / ``draft_n_past``: leading
+    prompt positions whose K/V are already in the target's / draft's cache (multi-turn chat).
+    Every generated id appears in exactly one chunk's token_ids (text may be "" while a UTF-8
+    character or a possible stop string is incomplete).
     """
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty (no tokens): give some text")
@@ -113,7 +116,12 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     text_parts: list[str] = []
     finish, reason = "length", "max_tokens"
     t_start = time.perf_counter()
-    src = dec.tokens(prompt_ids, n_past) if max_tokens > 0 else iter(())
+    if max_tokens == 0:
+        src: Any = iter(())
+    elif draft is not None:
+        src = dec.tokens(prompt_ids, n_past, draft_n_past)
+    else:
+        src = dec.tokens(prompt_ids, n_past)
     try:
         while len(generated) < max_tokens:
             try:
@@ -126,11 +134,11 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
             generated.append(t)
             if t in tok.eog_ids:
                 finish, reason = "stop", "eos"
+                yield Chunk("", [t])
                 break
             out, stopped = stopper.push(sd.feed(t))
-            if out:
-                text_parts.append(out)
-                yield Chunk(out, [t])
+            text_parts.append(out)
+            yield Chunk(out, [t])
             if stopped:
                 finish, reason = "stop", "stop_string"
                 break

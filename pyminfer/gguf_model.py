@@ -149,8 +149,9 @@ class GGUFModel:
             qkv_bias="blk.0.attn_q.bias" in self.tensors,
         )
 
-    def native_tensors(self) -> dict[str, Any]:
-        """The tensor dict ``pyminfer._core.Context`` takes (see its docstring)."""
+    def native_tensors(self, n_layer: int | None = None) -> dict[str, Any]:
+        """The tensor dict ``pyminfer._core.Context`` takes (see its docstring); the first
+        ``n_layer`` blocks only when given."""
         t = self.tensors
 
         def need(name: str) -> tuple[int, int, int, int]:
@@ -159,7 +160,7 @@ class GGUFModel:
             return t[name]
 
         layers = []
-        for i in range(self.config.n_layer):
+        for i in range(self.config.n_layer if n_layer is None else n_layer):
             b = f"blk.{i}."
             layers.append({
                 "attn_norm": need(b + "attn_norm.weight"), "wq": need(b + "attn_q.weight"),

@@ -149,6 +149,7 @@ class SpecDecoder:
         self.verify_s = 0.0
         self.emitted = 0
         self.depths: list[int] = []
+        self.draft_n_past = 0  # positions of the committed text whose K/V the draft holds
 
     def _choose(self, row: np.ndarray | int, hist: Sequence[int]) -> int:
         if isinstance(row, (int, np.integer)):
@@ -191,17 +192,17 @@ class SpecDecoder:
             rows = T.forward([hist[-1]] + drafts, p, list(range(d + 1)), logits=need)
             tc = time.perf_counter()
             emitted: list[int] = []
+            self.drafted_at[1:d + 1] += 1
             for i in range(d + 1):
                 z = self._choose(rows[i], hist + emitted)
                 emitted.append(z)
-                if i < d:
-                    self.drafted_at[i + 1] += 1
-                    if z != drafts[i]:
-                        break
-                    self.accepted_at[i + 1] += 1
+                if i == d or z != drafts[i]:
+                    break
+                self.accepted_at[i + 1] += 1
             a = len(emitted) - 1
             if d > 0:
                 d_valid = min(d_valid, p + 1 + a)  # the draft's rows past the accepted prefix are stale
+            self.draft_n_past = d_valid
             self.rounds += 1
             self.depths.append(d)
             self.draft_s += tb - ta
@@ -235,4 +236,5 @@ class SpecDecoder:
             "verify_s": self.verify_s,
             "mean_depth": float(sum(self.depths) / n) if self.depths else 0.0,
             "adaptive": self.adaptive is not None,
+            "draft_n_past": self.draft_n_past,
         }

@@ -1,0 +1,193 @@
+"""``pyminfer bench``: llama-bench-style throughput, the verify cost curve, and speculative vs
+sequential decoding with the cost model's prediction beside the measurement.
+
+pp: one prefill of n_prompt tokens (chunked to max_nt) from an empty cache, tokens/s.
+tg: n_gen single-token forwards with on-device argmax after ``--depth`` context tokens, tokens/s.
+Both: mean ± stddev over -r repetitions (one warm-up first). Roofline share for tg: weight bytes
+read per token (every tensor, one embedding row) / measured copy bandwidth.
+Verify curve: C_T(nt) = median time of one nt-token forward, relative to nt = 1.
+Spec cost model (seeds' D5-0, corrected): a round at depth d costs C_T(d+1) + d*C_D(1) and yields
+1 + E[accepted] tokens; predicted tok/s = tokens_per_round / round cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from .engine import Model, log
+
+BENCH_PROMPTS = [
+    ("code", "Write a Python function that checks whether a string is a palindrome."),
+    ("code", "Implement quicksort and mergesort in C with a main function that tests both."),
+    ("prose", "Explain how hash tables work and when to use them."),
+    ("prose", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
+]
+
+
+def _sync_time() -> float:
+    return time.perf_counter()
+
+
+def copy_bandwidth(model: Model) -> float:
+    """Measured copy bandwidth in bytes/s (read + write) of the model's device."""
+    from . import _core
+
+    if model.device == "cuda" and hasattr(_core, "cuda_copy_bandwidth"):
+        return float(_core.cuda_copy_bandwidth())
+    a = np.ones(64 << 20, np.float32)
+    b = np.empty_like(a)
+    ts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        ts.append(time.perf_counter() - t)
+    return 2 * a.nbytes / min(ts)
+
+
+def bench_pp(m: Model, n: int, reps: int) -> list[float]:
+    rng = np.random.default_rng(0)
+    out = []
+    for r in range(reps + 1):
+        ids = rng.integers(100, m.n_vocab - 100, n).tolist()
+        t = _sync_time()
+        m.prefill(ids, 0, logits=False)
+        dt = _sync_time() - t
+        if r:
+            out.append(n / dt)
+    return out
+
+
+def bench_tg(m: Model, n: int, reps: int, depth: int = 0) -> list[float]:
+    rng = np.random.default_rng(1)
+    out = []
+    for r in range(reps + 1):
+        pos = 0
+        if depth:
+            m.prefill(rng.integers(100, m.n_vocab - 100, depth).tolist(), 0, logits=False)
+            pos = depth
+        tok = 1000
+        t = _sync_time()
+        for i in range(n):
+            tok = int(m.forward([tok], pos + i, [0], logits=False)[0])
+        dt = _sync_time() - t
+        if r:
+            out.append(n / dt)
+    return out
+
+
+def verify_curve(m: Model, max_nt: int = 16, reps: int = 20, depth: int = 256) -> dict[int, float]:
+    """Median seconds of one nt-token forward (argmax of every row) at context depth ``depth``."""
+    rng = np.random.default_rng(2)
+    m.prefill(rng.integers(100, m.n_vocab - 100, depth).tolist(), 0, logits=False)
+    res: dict[int, list[float]] = {nt: [] for nt in range(1, max_nt + 1)}
+    for r in range(reps + 1):
+        for nt in range(1, max_nt + 1):  # interleaved across nt, so drift hits every nt alike
+            ids = rng.integers(100, m.n_vocab - 100, nt).tolist()
+            t = _sync_time()
+            m.forward(ids, depth, list(range(nt)), logits=False)
+            if r:
+                res[nt].append(_sync_time() - t)
+    return {nt: statistics.median(v) for nt, v in res.items()}
+
+
+def _fmt(v: list[float]) -> str:
+    return f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.2f}"
+
+
+def bench_spec(target: Model, draft: Model, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Speculative vs sequential on BENCH_PROMPTS, interleaved, with the cost-model prediction."""
+    from .generate import generate
+    from .sampling import SamplingParams
+
+    ct = verify_curve(target, max_nt=8, reps=5)
+    cd = verify_curve(draft, max_nt=1, reps=5)[1]
+    rows = []
+    params = SamplingParams(temperature=0.0)
+    for cat, text in BENCH_PROMPTS:
+        ids = target.tokenizer.encode(target.tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+        seq, spec, specres = [], [], None
+        for _ in range(max(args.repetitions, 1)):  # interleaved A/B
+            r = generate(target, ids, params, args.n_gen)
+            seq.append(r.timings["decode_tok_s"])
+            s = generate(target, ids, params, args.n_gen, draft=draft, spec_draft_n=args.spec_draft_n,
+                         spec_adaptive=args.spec_draft_adaptive)
+            spec.append(s.timings["decode_tok_s"])
+            specres = s
+            if s.generated_ids != r.generated_ids:
+                log(f"pyminfer bench: WARNING speculative output differs from sequential on {cat!r}")
+        st = specres.spec
+        dm = st["mean_depth"]
+        lo, hi = int(np.floor(dm)), int(np.ceil(dm))
+        c_round = ct[lo + 1] + (ct[hi + 1] - ct[lo + 1]) * (dm - lo) + dm * cd
+        pred = st["tokens_per_round"] / c_round if c_round > 0 else 0.0
+        rows.append({"prompt": cat, "text": text[:40], "seq_tok_s": statistics.median(seq),
+                     "spec_tok_s": statistics.median(spec), "speedup": statistics.median(spec) / statistics.median(seq),
+                     "acceptance": st["acceptance_rate"], "tokens_per_round": st["tokens_per_round"], "mean_depth": dm,
+                     "predicted_spec_tok_s": pred, "C_T1_ms": ct[1] * 1e3, "C_D1_ms": cd * 1e3})
+    return rows
+
+
+def main_bench(args: argparse.Namespace) -> int:
+    from .models import resolve_model
+
+    path = resolve_model(args.model)
+    max_nt = max(64, args.n_prompt if args.n_prompt <= 512 else 64)
+    m = Model(path, device=args.device, n_ctx=max(args.n_prompt, args.depth + args.n_gen + 16, 512) + 16,
+              n_threads=args.threads, max_nt=max_nt)
+    info = {"model": path.name, "size_GiB": m.gguf.weight_bytes / 2**30, "type": m.gguf.file_type, "device": m.device}
+    if args.spec_draft:
+        d = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=m.n_ctx, n_threads=args.threads)
+        rows = bench_spec(m, d, args)
+        _emit([{**info, **r} for r in rows], args.output)
+        return 0
+    if args.verify_curve:
+        c = verify_curve(m, 16)
+        _emit([{**info, "nt": nt, "ms": v * 1e3, "C_T(nt)/C_T(1)": v / c[1]} for nt, v in c.items()], args.output)
+        return 0
+    rows = []
+    if args.n_prompt > 0:
+        v = bench_pp(m, args.n_prompt, args.repetitions)
+        rows.append({**info, "test": f"pp{args.n_prompt}", "tok_s": _fmt(v), "mean": statistics.mean(v)})
+    if args.n_gen > 0:
+        v = bench_tg(m, args.n_gen, args.repetitions, args.depth)
+        bw = copy_bandwidth(m)
+        share = statistics.mean(v) * m.gguf.decode_bytes_per_token() / bw
+        name = f"tg{args.n_gen}" + (f" @ d{args.depth}" if args.depth else "")
+        rows.append({**info, "test": name, "tok_s": _fmt(v), "mean": statistics.mean(v),
+                     "roofline": f"{100 * share:.0f}% of {bw / 1e9:.0f} GB/s"})
+    _emit(rows, args.output)
+    return 0
+
+
+def _emit(rows: list[dict[str, Any]], fmt: str) -> None:
+    if not rows:
+        return
+    if fmt == "json":
+        print(json.dumps(rows, indent=1))
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+
+    def cell(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(keys)
+        for r in rows:
+            w.writerow([cell(r.get(k, "")) for k in keys])
+        sys.stdout.write(buf.getvalue())
+        return
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(cell(r.get(k, "")) for k in keys) + " |")

@@ -1,0 +1,121 @@
+"""Bad input gets a clear error, never a crash or a silent wrong answer."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyminfer.engine import ContextFull, Model
+from pyminfer.generate import generate
+from pyminfer.gguf_model import GGUFError, GGUFModel
+from pyminfer.sampling import SamplingParams
+
+
+def _write_truncated(src: Path, dst: Path, n: int) -> Path:
+    with open(src, "rb") as f:
+        dst.write_bytes(f.read(n))
+    return dst
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        GGUFModel(tmp_path / "nope.gguf")
+
+
+def test_wrong_magic(tmp_path):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"NOTAGGUF" + bytes(1024))
+    with pytest.raises(GGUFError, match="bad.gguf"):
+        GGUFModel(p)
+
+
+def test_truncated_header(tmp_path, smol_path):
+    with pytest.raises(GGUFError, match="cut.gguf"):
+        GGUFModel(_write_truncated(smol_path, tmp_path / "cut.gguf", 4096))
+
+
+def test_truncated_tensor_data(tmp_path, smol_path):
+    size = smol_path.stat().st_size
+    with pytest.raises(GGUFError, match="(truncated|not a valid)"):
+        GGUFModel(_write_truncated(smol_path, tmp_path / "cut.gguf", size - 1_000_000))
+
+
+def _patch_bytes(src: Path, dst: Path, old: bytes, new: bytes) -> Path:
+    data = bytearray(src.read_bytes())
+    i = data.find(old)
+    assert i >= 0
+    data[i:i + len(old)] = new
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def test_unknown_architecture(tmp_path, smol_path):
+    # general.architecture = "llama" -> "llamb" (same length, so the file stays well-formed)
+    p = _patch_bytes(smol_path, tmp_path / "arch.gguf", b"general.architecture\x08\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00llama",
+                     b"general.architecture\x08\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00llamb")
+    with pytest.raises(GGUFError, match="unsupported architecture 'llamb'"):
+        GGUFModel(p)
+
+
+def test_unsupported_tensor_type(tmp_path, smol_path):
+    import gguf
+
+    r = gguf.GGUFReader(smol_path)
+    t = next(t for t in r.tensors if t.name == "blk.0.attn_q.weight")
+    # tensor info: name, n_dims u32, dims u64 x n, type u32, offset u64; retype Q4_1 (3) as IQ2_XXS (16)
+    name = t.name.encode()
+    dims = b"".join(int(x).to_bytes(8, "little") for x in t.shape)
+    old = len(name).to_bytes(8, "little") + name + len(t.shape).to_bytes(4, "little") + dims + (3).to_bytes(4, "little")
+    new = old[:-4] + (16).to_bytes(4, "little")
+    del r
+    p = _patch_bytes(smol_path, tmp_path / "type.gguf", old, new)
+    with pytest.raises(GGUFError, match=r"blk\.0\.attn_q\.weight.*unsupported type"):
+        GGUFModel(p)
+
+
+def test_empty_prompt(smol):
+    with pytest.raises(ValueError, match="empty"):
+        generate(smol, [], SamplingParams(temperature=0), 4)
+
+
+def test_prompt_longer_than_ctx(smol_path):
+    with Model(smol_path, device="cpu", n_ctx=16) as m:
+        with pytest.raises(ContextFull, match="n_ctx=16"):
+            generate(m, list(range(100, 140)), SamplingParams(temperature=0), 4)
+        # filling the context mid-generation stops cleanly with the reason
+        res = generate(m, list(range(100, 110)), SamplingParams(temperature=0), 100)
+        assert res.finish_reason == "length" and res.stop_reason == "context"
+        assert len(res.generated_ids) == 16 - 10
+
+
+def test_token_out_of_range(smol):
+    from pyminfer._core import NativeError
+
+    with pytest.raises(NativeError, match="out of range"):
+        smol.forward([smol.n_vocab + 5], 0, [0])
+
+
+def test_bad_device(smol_path):
+    with pytest.raises(ValueError, match="unknown device"):
+        Model(smol_path, device="tpu")
+
+
+def test_bad_sampling_params():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=1.5).validate()
+
+
+def test_cli_errors_are_one_line(tmp_path, smol_path):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"garbage" * 100)
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-m", str(p), "-p", "hi", "-n", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr and "pyminfer: error:" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-m", str(smol_path), "-p", "", "-n", "2",
+                          "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "empty" in out.stderr

@@ -1,0 +1,106 @@
+"""Speculative decoding: identity with plain decoding, vocabulary gate, statistics.
+
+The CPU draft here is the target truncated to its first layers (a cheap self-draft whose
+acceptance is well below 100%, so rejections, rollbacks and draft catch-up are all exercised).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pyminfer.engine import Model
+from pyminfer.generate import generate
+from pyminfer.sampling import SamplingParams
+from pyminfer.spec import MAX_DEPTH, VocabMismatch, check_vocab_compat
+
+from prompts import PROMPTS
+
+N_TOKENS = int(os.environ.get("PYMINFER_IDENTITY_TOKENS", "256"))
+
+
+@pytest.fixture(scope="module")
+def smol_draft(smol_path):
+    m = Model(smol_path, device="cpu", n_ctx=2048, n_layer=10)
+    yield m
+    m.close()
+
+
+def _ids(m: Model, text: str, chat: bool) -> list[int]:
+    if chat:
+        text = m.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    return m.tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_identity_greedy(smol, smol_draft, penalty):
+    """20 prompts x 256 tokens: every depth 1..7 (spread over the prompts) and adaptive give the
+    ids of plain greedy decoding, with and without repetition penalty."""
+    params = SamplingParams(temperature=0.0, repeat_penalty=penalty)
+    accepted = drafted = 0
+    for i, (cat, text, chat) in enumerate(PROMPTS):
+        ids = _ids(smol, text, chat)
+        ref = generate(smol, ids, params, N_TOKENS).generated_ids
+        for d, adaptive in ((1 + i % MAX_DEPTH, False), (4, True)):
+            res = generate(smol, ids, params, N_TOKENS, draft=smol_draft, spec_draft_n=d, spec_adaptive=adaptive)
+            assert res.generated_ids == ref, f"prompt {i} ({cat}) d={d} adaptive={adaptive} penalty={penalty}"
+            accepted += res.spec["accepted"]
+            drafted += res.spec["drafted"]
+    # the check must exercise both acceptance and rejection
+    assert 0.2 < accepted / drafted < 0.98, (accepted, drafted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", list(range(1, MAX_DEPTH + 1)))
+def test_identity_every_depth_every_prompt(smol, smol_draft, d):
+    params = SamplingParams(temperature=0.0)
+    for i, (cat, text, chat) in enumerate(PROMPTS):
+        ids = _ids(smol, text, chat)
+        ref = generate(smol, ids, params, N_TOKENS).generated_ids
+        assert generate(smol, ids, params, N_TOKENS, draft=smol_draft, spec_draft_n=d).generated_ids == ref
+
+
+def test_identity_sampling_same_seed(smol, smol_draft):
+    """At temperature > 0 each emitted token is one draw in order: same seed, same text."""
+    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=1234)
+    ids = _ids(smol, PROMPTS[10][1], False)
+    ref = generate(smol, ids, params, 64).generated_ids
+    assert generate(smol, ids, params, 64, draft=smol_draft, spec_draft_n=3).generated_ids == ref
+
+
+def test_stop_string_identity(smol, smol_draft):
+    ids = _ids(smol, PROMPTS[0][1], False)
+    params = SamplingParams(temperature=0.0, stop=["return"])
+    a = generate(smol, ids, params, 128)
+    b = generate(smol, ids, params, 128, draft=smol_draft, spec_draft_n=5)
+    assert (a.text, a.generated_ids, a.finish_reason) == (b.text, b.generated_ids, b.finish_reason)
+
+
+def test_context_full_mid_round(smol_path):
+    with Model(smol_path, device="cpu", n_ctx=40) as t, Model(smol_path, device="cpu", n_ctx=40, n_layer=10) as d:
+        ids = t.tokenizer.encode("Once upon a time")
+        ref = generate(t, ids, SamplingParams(temperature=0), 100)
+        res = generate(t, ids, SamplingParams(temperature=0), 100, draft=d, spec_draft_n=7)
+        assert res.stop_reason == "context" and ref.stop_reason == "context"
+        assert res.generated_ids == ref.generated_ids
+
+
+def test_vocab_gate(smol, qwen05):
+    check_vocab_compat(smol.tokenizer, smol.tokenizer)
+    with pytest.raises(VocabMismatch, match="vocabulary sizes differ"):
+        check_vocab_compat(qwen05.tokenizer, smol.tokenizer)
+
+
+def test_stats(smol, smol_draft):
+    ids = _ids(smol, PROMPTS[0][1], False)
+    s = generate(smol, ids, SamplingParams(temperature=0), 64, draft=smol_draft, spec_draft_n=3).spec
+    assert s["rounds"] > 0 and s["drafted"] == 3 * s["rounds"]
+    assert sum(s["drafted_per_position"]) == s["drafted"] and sum(s["accepted_per_position"]) == s["accepted"]
+    assert s["drafted_per_position"][0] == s["rounds"]
+    assert 1.0 <= s["tokens_per_round"] <= 4.0
+
+
+def test_bad_depth(smol, smol_draft):
+    with pytest.raises(ValueError, match="0..7"):
+        generate(smol, [1, 2, 3], SamplingParams(temperature=0), 4, draft=smol_draft, spec_draft_n=9)
