@@ -1,0 +1,1 @@
+from .api import LLM  # noqa: F401  (imports no server dependency)

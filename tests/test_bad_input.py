@@ -66,11 +66,11 @@ def test_unsupported_tensor_type(tmp_path, smol_path):
 
     r = gguf.GGUFReader(smol_path)
     t = next(t for t in r.tensors if t.name == "blk.0.attn_q.weight")
-    # tensor info: name, n_dims u32, dims u64 x n, type u32, offset u64; retype Q4_1 (3) as IQ2_XXS (16)
+    # tensor info: name, n_dims u32, dims u64 x n, type u32, offset u64; retype Q4_1 (3) as IQ4_NL (20, also 32-wide blocks)
     name = t.name.encode()
     dims = b"".join(int(x).to_bytes(8, "little") for x in t.shape)
     old = len(name).to_bytes(8, "little") + name + len(t.shape).to_bytes(4, "little") + dims + (3).to_bytes(4, "little")
-    new = old[:-4] + (16).to_bytes(4, "little")
+    new = old[:-4] + (20).to_bytes(4, "little")
     del r
     p = _patch_bytes(smol_path, tmp_path / "type.gguf", old, new)
     with pytest.raises(GGUFError, match=r"blk\.0\.attn_q\.weight.*unsupported type"):
@@ -89,7 +89,7 @@ def test_prompt_longer_than_ctx(smol_path):
         # filling the context mid-generation stops cleanly with the reason
         res = generate(m, list(range(100, 110)), SamplingParams(temperature=0), 100)
         assert res.finish_reason == "length" and res.stop_reason == "context"
-        assert len(res.generated_ids) == 16 - 10
+        assert len(res.generated_ids) == 16 - 10 + 1  # the last token needs no KV slot
 
 
 def test_token_out_of_range(smol):

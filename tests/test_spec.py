@@ -1,7 +1,8 @@
 """Speculative decoding: identity with plain decoding, vocabulary gate, statistics.
 
-The CPU draft here is the target truncated to its first layers (a cheap self-draft whose
-acceptance is well below 100%, so rejections, rollbacks and draft catch-up are all exercised).
+The CPU draft here is the target truncated to its first 24 of 30 layers: a self-draft whose
+acceptance (~15% per token) is far below 100%, so rejections, rollbacks and draft catch-up are all
+exercised many times per run, and whose tokenizer is the target's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ N_TOKENS = int(os.environ.get("PYMINFER_IDENTITY_TOKENS", "256"))
 
 @pytest.fixture(scope="module")
 def smol_draft(smol_path):
-    m = Model(smol_path, device="cpu", n_ctx=2048, n_layer=10)
+    m = Model(smol_path, device="cpu", n_ctx=2048, n_layer=24)
     yield m
     m.close()
 
@@ -47,8 +48,8 @@ def test_identity_greedy(smol, smol_draft, penalty):
             assert res.generated_ids == ref, f"prompt {i} ({cat}) d={d} adaptive={adaptive} penalty={penalty}"
             accepted += res.spec["accepted"]
             drafted += res.spec["drafted"]
-    # the check must exercise both acceptance and rejection
-    assert 0.2 < accepted / drafted < 0.98, (accepted, drafted)
+    # the check must exercise both acceptance and rejection, many times
+    assert accepted >= 100 and drafted - accepted >= 100, (accepted, drafted)
 
 
 @pytest.mark.slow
@@ -78,7 +79,7 @@ def test_stop_string_identity(smol, smol_draft):
 
 
 def test_context_full_mid_round(smol_path):
-    with Model(smol_path, device="cpu", n_ctx=40) as t, Model(smol_path, device="cpu", n_ctx=40, n_layer=10) as d:
+    with Model(smol_path, device="cpu", n_ctx=40) as t, Model(smol_path, device="cpu", n_ctx=40, n_layer=24) as d:
         ids = t.tokenizer.encode("Once upon a time")
         ref = generate(t, ids, SamplingParams(temperature=0), 100)
         res = generate(t, ids, SamplingParams(temperature=0), 100, draft=d, spec_draft_n=7)

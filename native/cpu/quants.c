@@ -5,8 +5,12 @@
  *   w_i = dw * sc(i) * q_i + mw      (q_i int8, sc(i) one integer per 16 values, 1 except Q6_K)
  * so that one chunk's contribution to a dot product is exact integer work plus two products:
  *   c = (dw * a.d) * (float)(sc0 * sum_{i<16} q_i a_i + sc1 * sum_{i>=16} q_i a_i) + mw * a.s
- * and a row's result is c summed over chunks in column order, in f32. That order is the same
- * for any number of activation rows, so a batch of nt rows is bitwise equal row by row to nt = 1.
+ * and a row's result is c summed over chunks in column order, in f32 (scalar path). That order is
+ * the same for any number of activation rows, so a batch of nt rows is bitwise equal row by row
+ * to nt = 1. Builds with AVX2+FMA+F16C use quants_avx2.h instead for the quantizer and the
+ * products (same integer parts, a different but equally fixed float scheme: 8-lane accumulators,
+ * tiles of activation rows sharing each unpacked weight chunk; see that file). The dequantizers
+ * below are shared by both builds.
  * Layouts: mi_quants.h (ggml's, from ggml/src/ggml-common.h and ggml-quants.c). */
 #include <math.h>
 #include <string.h>
@@ -178,6 +182,10 @@ void mi_dequantize_row(int32_t type, const void *row, float *dst, int64_t n_cols
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define MI_SIMD 1
+#include "quants_avx2.h"
+#else
 void mi_quantize_q8a(const float *x, mi_block_q8a *y, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b;
@@ -245,6 +253,7 @@ void mi_matmul_rows(const mi_tensor *w, int64_t r0, int64_t r1, const mi_block_q
         }
     }
 }
+#endif /* MI_SIMD */
 
 void mi_matmul(const mi_tensor *w, const float *x, int32_t nt, float *y, mi_block_q8a *scratch, int n_threads) {
     const int quant = !(w->type == MI_TYPE_F32 || w->type == MI_TYPE_F16);

@@ -7,6 +7,7 @@
 namespace {
 constexpr int MI_ATTN_THREADS = 128;
 constexpr int MI_ATTN_WARPS = MI_ATTN_THREADS / 32;
+constexpr int MI_ATTN_UNROLL = 4;
 
 __device__ __forceinline__ void mi_attn_split_size(int n_kv, int &S, int &n_used) {
     S = (((n_kv + MI_ATTN_SPLITS - 1) / MI_ATTN_SPLITS) + 31) & ~31;
@@ -36,26 +37,43 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
         acc[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int j = k0 + warp; j < k1; j += MI_ATTN_WARPS) {
-        const __half *kr = kc + (int64_t)j * kvd + g * HD + lane * DPL;
-        const __half *vr = vc + (int64_t)j * kvd + g * HD + lane * DPL;
-        float kf[DPL], vf[DPL];
+    // MI_ATTN_UNROLL slots per step: their K/V loads are independent and in flight together; the
+    // softmax updates then run in slot order (so the result does not depend on the unrolling).
+    for (int j0 = k0 + warp * MI_ATTN_UNROLL; j0 < k1; j0 += MI_ATTN_WARPS * MI_ATTN_UNROLL) {
+        float kf[MI_ATTN_UNROLL][DPL], vf[MI_ATTN_UNROLL][DPL], sc[MI_ATTN_UNROLL];
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            kf[i] = __half2float(kr[i]);
-            vf[i] = __half2float(vr[i]);
+        for (int u = 0; u < MI_ATTN_UNROLL; u++) {
+            const int j = min(j0 + u, k1 - 1); // clamped: out-of-range slots are masked below
+            const __half *kr = kc + (int64_t)j * kvd + g * HD + lane * DPL;
+            const __half *vr = vc + (int64_t)j * kvd + g * HD + lane * DPL;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                kf[u][i] = __half2float(kr[i]);
+                vf[u][i] = __half2float(vr[i]);
+            }
         }
-        float d = 0.0f;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[i], kf[i]));
-        d = mi_warp_sum(d);
-        const float sc = __fmul_rn(__shfl_sync(MI_FULL_MASK, d, 0), scale); // lane 0's sum for all lanes
-        const float mn = fmaxf(m, sc);
-        const float corr = expf(m - mn), p = expf(sc - mn);
-        l = __fadd_rn(__fmul_rn(l, corr), p);
+        for (int u = 0; u < MI_ATTN_UNROLL; u++) {
+            float d = 0.0f;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] = __fadd_rn(__fmul_rn(acc[i], corr), __fmul_rn(p, vf[i]));
-        m = mn;
+            for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[i], kf[u][i]));
+            sc[u] = d;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < MI_ATTN_UNROLL; u++) sc[u] = __fadd_rn(sc[u], __shfl_xor_sync(MI_FULL_MASK, sc[u], o));
+#pragma unroll
+        for (int u = 0; u < MI_ATTN_UNROLL; u++) {
+            if (j0 + u >= k1) break;
+            const float s_u = __fmul_rn(__shfl_sync(MI_FULL_MASK, sc[u], 0), scale); // lane 0's sum for all lanes
+            const float mn = fmaxf(m, s_u);
+            const float corr = expf(m - mn), p = expf(s_u - mn);
+            l = __fadd_rn(__fmul_rn(l, corr), p);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] = __fadd_rn(__fmul_rn(acc[i], corr), __fmul_rn(p, vf[u][i]));
+            m = mn;
+        }
     }
     __shared__ float sm_m[MI_ATTN_WARPS], sm_l[MI_ATTN_WARPS];
     __shared__ float sm_acc[MI_ATTN_WARPS][HD];
@@ -84,29 +102,25 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
     }
 }
 
-// One block per row: merge the splits of every head and quantize the 32-wide chunks.
-__global__ void __launch_bounds__(256)
-    mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head, int hd,
-                           float *__restrict__ att, mi_block_q8a *__restrict__ xq) {
-    const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int qd = n_head * hd;
+// One block per (head, row), one warp per 32 dims: merge the splits and quantize the chunk.
+__global__ void mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head,
+                                       int hd, float *__restrict__ att, mi_block_q8a *__restrict__ xq) {
+    const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x % 32;
+    const int qd = n_head * hd, dd = threadIdx.x, d = h * hd + dd, c = d / 32;
     int S, n_used;
     mi_attn_split_size(pos[t] + 1, S, n_used);
-    for (int c = warp; c < qd / 32; c += 8) {
-        const int d = 32 * c + lane, h = d / hd, dd = d % hd;
-        const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (hd + 2);
-        float M = -INFINITY;
-        for (int s = 0; s < n_used; s++) M = fmaxf(M, p[s * (hd + 2)]);
-        float L = 0.0f, A = 0.0f;
-        for (int s = 0; s < n_used; s++) {
-            const float e = expf(p[s * (hd + 2)] - M);
-            L = __fadd_rn(L, __fmul_rn(p[s * (hd + 2) + 1], e));
-            A = __fadd_rn(A, __fmul_rn(p[s * (hd + 2) + 2 + dd], e));
-        }
-        const float o = __fmul_rn(A, __frcp_rn(L));
-        att[(int64_t)t * qd + d] = o;
-        mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + c, lane);
+    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < n_used; s++) M = fmaxf(M, p[s * (hd + 2)]);
+    float L = 0.0f, A = 0.0f;
+    for (int s = 0; s < n_used; s++) {
+        const float e = expf(p[s * (hd + 2)] - M);
+        L = __fadd_rn(L, __fmul_rn(p[s * (hd + 2) + 1], e));
+        A = __fadd_rn(A, __fmul_rn(p[s * (hd + 2) + 2 + dd], e));
     }
+    const float o = __fmul_rn(A, __frcp_rn(L));
+    att[(int64_t)t * qd + d] = o;
+    mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + c, lane);
 }
 
 template <int DPL>
@@ -132,7 +146,7 @@ int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cac
     default: return mi_set_error(MI_ERR_ARG, "CUDA attention: head_dim %d not a multiple of 32 up to 256", hd);
     }
     MI_LAUNCH_TRY("attention");
-    mi_attn_combine_kernel<<<nt, 256, 0, s>>>(part, pos, n_head, hd, att, xq);
+    mi_attn_combine_kernel<<<dim3(n_head, nt), hd, 0, s>>>(part, pos, n_head, hd, att, xq);
     MI_LAUNCH_TRY("attention combine");
     return MI_OK;
 }

@@ -6,7 +6,7 @@
 
 // Most KV splits per (row, head): slots 0..pos[t] are cut into <= MI_ATTN_SPLITS pieces of a
 // multiple of 32 slots, a function of pos[t] alone (so rows never depend on nt or on graphs).
-#define MI_ATTN_SPLITS 32
+#define MI_ATTN_SPLITS 64
 
 // Floats of the partial-result scratch for max_nt rows: [max_nt][n_head][MI_ATTN_SPLITS][hd + 2].
 static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {

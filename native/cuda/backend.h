@@ -1,4 +1,4 @@
-/* The CUDA backend as the C core sees it (implemented in native/cuda/*.cu, built when CUDA is). */
+/* The CUDA backend as the C core sees it (implemented in the .cu files beside it, built when CUDA is). */
 #ifndef MI_CUDA_BACKEND_H
 #define MI_CUDA_BACKEND_H
 #include "pyminfer.h"

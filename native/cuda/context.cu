@@ -1,8 +1,205 @@
-// CUDA backend entry points (placeholder until the kernels land): device query and errors.
-#include <cstdio>
-#include <cuda_runtime.h>
+// CUDA backend: context (weights uploaded once in their GGUF layouts, f16 KV cache, scratch),
+// the transformer forward as a chain of kernels, and one CUDA graph per batch size nt <= 8.
+// Data path per layer (as cpu/forward.c, rows independent):
+//   x -> rmsnorm+quant -> q,k,v (+bias) -> rope + f16 KV write -> split attention -> combine+quant
+//     -> wo (+= x) -> rmsnorm+quant -> silu(gate)*up (one launch) -> quant -> down (+= x)
+// Everything a forward reads that changes between calls (tokens, positions, out rows, n_out) lives
+// in device buffers filled by one copy before launch, so a captured graph replays for any position.
+// Set MI_CUDA_GRAPHS=0 in the environment to run every forward without graphs.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include "argmax.cuh"
+#include "attention.cuh"
 #include "backend.h"
-extern "C" int mi_set_error(int code, const char *fmt, ...);
+#include "common.cuh"
+#include "mmvq.cuh"
+#include "norm.cuh"
+#include "rope.cuh"
+
+#define MI_GRAPH_MAX_NT 8
+
+struct mi_cuda_layer {
+    mi_dtensor wq, wk, wv, wo, gate, up, down;
+    int n_qkv;                         // launches for q, k, v: stacked same-typed neighbours
+    mi_dtensor qkv_w[3];               // stacked matrices
+    int qkv_first[3], qkv_count[3];    // which of q(0), k(1), v(2) each launch covers
+    const float *attn_norm, *ffn_norm, *bq, *bk, *bv; // device f32, biases NULL when absent
+};
+
+struct mi_cuda_ctx {
+    int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, rope_type;
+    float rope_base, rms_eps;
+    int32_t n_ctx, max_nt;
+    mi_dtensor tok_embd, output;
+    const float *output_norm;
+    mi_cuda_layer *layers; // host array [n_layer] of device pointers
+    uint8_t *weights;      // device: every tensor, 256-byte aligned, one allocation
+    uint8_t *arena;        // device: KV cache + scratch, one allocation
+    __half *kv_k, *kv_v;   // [n_layer][n_ctx][n_head_kv*head_dim] f16
+    float *x;              // [max_nt][n_embd] residual stream
+    float *xn;             // [max_nt][max(n_embd, q_dim, n_ff)] normed f32 input (F32/F16 weights read it)
+    mi_block_q8a *xq;      // [max_nt][max(n_embd, q_dim, n_ff)/32] quantized matmul input
+    float *q, *k, *v;      // [max_nt][q_dim], [max_nt][kv_dim] x2
+    float *att;            // [max_nt][q_dim] attention output
+    float *ff;             // [max_nt][n_ff] SwiGLU output
+    float *gate, *up;      // [max_nt][n_ff] each: only when ffn_gate/ffn_up types differ
+    float *rope_cs;        // [max_nt][head_dim]: cos[head_dim/2] then sin[head_dim/2]
+    float *part;           // [max_nt][n_head][MI_ATTN_SPLITS][head_dim+2] attention partials
+    float *logits;         // [max_nt][n_vocab]
+    int32_t *ints;         // device: tokens[max_nt], pos[max_nt], out_rows[max_nt], n_out[1], argmax[max_nt]
+    int32_t *h_ints;       // pinned host staging, same layout
+    int split_ffn;         // ffn_gate and ffn_up differ in type: separate launches + swiglu
+    cudaStream_t stream;
+    cudaGraphExec_t graphs[MI_GRAPH_MAX_NT + 1]; // index nt; NULL until first use
+    int use_graphs;
+    // MI_CUDA_PROFILE=1 (with graphs off): events between the ops of each forward, summed per op
+    // kind and printed to stderr when the context is freed. Costs a little launch time.
+    int prof, n_ev, cap_ev;
+    cudaEvent_t *ev;       // [cap_ev]
+    int *ev_kind;          // [cap_ev]: op kind ending at event i
+    double prof_ms[16];
+    long prof_calls;
+};
+
+namespace {
+
+enum { MI_P_EMBED, MI_P_NORM, MI_P_MM_Q, MI_P_MM_K, MI_P_MM_V, MI_P_ROPE, MI_P_ATTN, MI_P_MM_O, MI_P_MM_FFN_IN,
+       MI_P_QUANT, MI_P_MM_DOWN, MI_P_HEAD_NORM, MI_P_MM_HEAD, MI_P_ARGMAX, MI_P_N };
+const char *const mi_prof_names[MI_P_N] = {"embed+rope table", "rmsnorm+quant", "mm qkv", "-", "-",
+                                           "rope+kv write", "attention", "mm o (+res)", "mm gate/up+swiglu",
+                                           "quant", "mm down (+res)", "final norm", "mm lm head", "argmax"};
+
+void mi_prof_mark(mi_cuda_ctx *c, int kind) {
+    if (c->n_ev < c->cap_ev) {
+        c->ev_kind[c->n_ev] = kind;
+        cudaEventRecord(c->ev[c->n_ev++], c->stream);
+    }
+}
+
+size_t mi_align(size_t n) { return (n + 255) & ~(size_t)255; }
+
+int64_t mi_tensor_bytes(const mi_tensor *t) {
+    return t->n_cols / mi_type_block_elems(t->type) * mi_type_block_bytes(t->type) * t->n_rows;
+}
+
+// Copy one host tensor to weights + *off; fill its device descriptor.
+int mi_upload(const mi_tensor *t, uint8_t *base, size_t *off, mi_dtensor *out, bool pad = true) {
+    out->type = t->type;
+    out->n_cols = t->n_cols;
+    out->n_rows = t->n_rows;
+    out->row_bytes = t->n_cols / mi_type_block_elems(t->type) * mi_type_block_bytes(t->type);
+    if (!t->data) {
+        out->data = nullptr;
+        return MI_OK;
+    }
+    const size_t n = (size_t)mi_tensor_bytes(t);
+    MI_CUDA_TRY(cudaMemcpy(base + *off, t->data, n, cudaMemcpyHostToDevice));
+    out->data = base + *off;
+    *off += pad ? mi_align(n) : n;
+    return MI_OK;
+}
+
+size_t mi_size(const mi_tensor *t) { return t->data ? mi_align((size_t)mi_tensor_bytes(t)) : 0; }
+
+int mi_oom(const char *what, size_t bytes) {
+    cudaGetLastError(); // an allocation failure is not sticky; clear it for the next call
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    return mi_set_error(MI_ERR_OOM, "CUDA out of memory allocating %s (%zu MiB; %zu MiB free of %zu MiB)", what,
+                        bytes >> 20, fr >> 20, tot >> 20);
+}
+
+// Enqueue one forward of nt rows on c->stream. graph: the final norm/LM head/argmax cover all nt
+// rows and read n_out from the device (rows >= n_out are skipped or computed and ignored), so the
+// captured work does not depend on n_out; else they cover exactly n_out rows.
+int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
+    cudaStream_t s = c->stream;
+    const int E = c->n_embd, F = c->n_ff, HD = c->head_dim, QD = c->n_head * HD, KD = c->n_head_kv * HD;
+    const int32_t *tok = c->ints, *pos = c->ints + c->max_nt, *rows = c->ints + 2 * c->max_nt;
+    const int32_t *n_out_d = c->ints + 3 * c->max_nt;
+    int32_t *amax = c->ints + 3 * c->max_nt + 1;
+    const float att_scale = 1.0f / sqrtf((float)HD);
+    int rc;
+#define MI_RUN(call) \
+    if ((rc = (call))) return rc
+    const bool prof = c->prof && !graph;
+#define MI_RUNK(kind, call)                     \
+    do {                                        \
+        MI_RUN(call);                           \
+        if (prof) mi_prof_mark(c, kind);        \
+    } while (0)
+    if (prof) mi_prof_mark(c, -1);
+    MI_RUNK(MI_P_EMBED, mi_cuda_embed_rope(&c->tok_embd, tok, pos, nt, HD, c->rope_base, c->x, c->rope_cs, s));
+    for (int l = 0; l < c->n_layer; l++) {
+        const mi_cuda_layer *L = &c->layers[l];
+        __half *kc = c->kv_k + (size_t)l * c->n_ctx * KD, *vc = c->kv_v + (size_t)l * c->n_ctx * KD;
+        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->attn_norm, c->rms_eps, E, c->xn, c->xq, s));
+        for (int gi = 0; gi < L->n_qkv; gi++) {
+            float *const ys[3] = {c->q, c->k, c->v};
+            const int64_t lds[3] = {QD, KD, KD};
+            const float *const bs[3] = {L->bq, L->bk, L->bv};
+            mi_mmvq_out o;
+            memset(&o, 0, sizeof o);
+            int end = 0;
+            for (int i = 0; i < L->qkv_count[gi]; i++) {
+                const int m = L->qkv_first[gi] + i;
+                end += (int)lds[m];
+                o.end[i] = end;
+                o.y[i] = ys[m];
+                o.ldy[i] = lds[m];
+                o.bias[i] = bs[m];
+            }
+            o.n_seg = L->qkv_count[gi];
+            MI_RUNK(MI_P_MM_Q, mi_cuda_mmvq_seg(&L->qkv_w[gi], nullptr, c->xq, c->xn, E, nt, &o, 0, s));
+        }
+        MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
+                               s));
+        MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale, c->part, c->att, c->xq,
+                                 s));
+        MI_RUNK(MI_P_MM_O, mi_cuda_mmvq(&L->wo, nullptr, c->xq, c->att, QD, nt, c->x, E, nullptr, 1, s));
+        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
+        if (!c->split_ffn) {
+            MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_mmvq(&L->gate, &L->up, c->xq, c->xn, E, nt, c->ff, F, nullptr, 0, s));
+        } else {
+            MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_mmvq(&L->gate, nullptr, c->xq, c->xn, E, nt, c->gate, F, nullptr, 0, s));
+            MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_mmvq(&L->up, nullptr, c->xq, c->xn, E, nt, c->up, F, nullptr, 0, s));
+            MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_swiglu(c->gate, c->up, c->ff, (int64_t)nt * F, s));
+        }
+        if (L->down.type != MI_TYPE_F32 && L->down.type != MI_TYPE_F16) MI_RUNK(MI_P_QUANT, mi_cuda_quantize(c->ff, nt, F, c->xq, s));
+        MI_RUNK(MI_P_MM_DOWN, mi_cuda_mmvq(&L->down, nullptr, c->xq, c->ff, F, nt, c->x, E, nullptr, 1, s));
+    }
+    const int n_head_rows = graph ? nt : n_out;
+    if (n_head_rows == 0) return MI_OK;
+    MI_RUNK(MI_P_HEAD_NORM, mi_cuda_rmsnorm_quant(c->x, rows, n_out_d, n_head_rows, c->output_norm, c->rms_eps, E, c->xn, c->xq, s));
+    MI_RUNK(MI_P_MM_HEAD, mi_cuda_mmvq(&c->output, nullptr, c->xq, c->xn, E, n_head_rows, c->logits, c->n_vocab, nullptr, 0, s));
+    MI_RUNK(MI_P_ARGMAX, mi_cuda_argmax(c->logits, c->n_vocab, n_head_rows, n_out_d, amax, s));
+#undef MI_RUNK
+#undef MI_RUN
+    return MI_OK;
+}
+
+int mi_capture(mi_cuda_ctx *c, int nt) {
+    MI_CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    const int rc = mi_enqueue(c, nt, 1, nt);
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(c->stream, &g); // always end the capture, even after a failure
+    if (rc) {
+        if (g) cudaGraphDestroy(g);
+        return rc;
+    }
+    if (e != cudaSuccess) return mi_set_error(MI_ERR_CUDA, "graph capture: %s", cudaGetErrorString(e));
+    const cudaError_t e2 = cudaGraphInstantiate(&c->graphs[nt], g, 0);
+    cudaGraphDestroy(g);
+    if (e2 != cudaSuccess) {
+        c->graphs[nt] = nullptr;
+        return mi_set_error(MI_ERR_CUDA, "graph instantiate: %s", cudaGetErrorString(e2));
+    }
+    return MI_OK;
+}
+
+} // namespace
 
 extern "C" int mi_cuda_available(void) {
     int n = 0;
@@ -21,15 +218,235 @@ extern "C" const char *mi_cuda_device_name(void) {
     return name;
 }
 
-extern "C" int mi_cuda_ctx_create(const mi_model_desc *, int32_t, int32_t, mi_cuda_ctx **out) {
+extern "C" void mi_cuda_ctx_free(mi_cuda_ctx *c) {
+    if (!c) return;
+    if (c->prof && c->prof_calls) {
+        double tot = 0;
+        for (int k = 0; k < MI_P_N; k++) tot += c->prof_ms[k];
+        fprintf(stderr, "pyminfer CUDA profile: %ld forwards, %.1f us GPU time each\n", c->prof_calls,
+                1e3 * tot / c->prof_calls);
+        for (int k = 0; k < MI_P_N; k++)
+            if (c->prof_ms[k] > 0)
+                fprintf(stderr, "  %-20s %9.1f us/forward %5.1f%%\n", mi_prof_names[k], 1e3 * c->prof_ms[k] / c->prof_calls,
+                        100.0 * c->prof_ms[k] / tot);
+    }
+    for (int i = 0; i < c->cap_ev; i++)
+        if (c->ev && c->ev[i]) cudaEventDestroy(c->ev[i]);
+    free(c->ev);
+    free(c->ev_kind);
+    for (int i = 0; i <= MI_GRAPH_MAX_NT; i++)
+        if (c->graphs[i]) cudaGraphExecDestroy(c->graphs[i]);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    cudaFree(c->weights);
+    cudaFree(c->arena);
+    cudaFreeHost(c->h_ints);
+    free(c->layers);
+    free(c);
+}
+
+extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t max_nt, mi_cuda_ctx **out) {
     *out = nullptr;
-    return mi_set_error(MI_ERR_CUDA, "CUDA forward not implemented yet");
+    if (!mi_cuda_available()) return mi_set_error(MI_ERR_CUDA, "no CUDA device visible");
+    if (d->head_dim % 32 || d->head_dim > 256)
+        return mi_set_error(MI_ERR_ARG, "CUDA backend: head_dim %d must be a multiple of 32 up to 256", d->head_dim);
+    MI_CUDA_TRY(cudaSetDevice(0));
+    mi_cuda_ctx *c = (mi_cuda_ctx *)calloc(1, sizeof *c);
+    if (!c) return mi_set_error(MI_ERR_OOM, "out of host memory");
+    c->n_layer = d->n_layer; c->n_embd = d->n_embd; c->n_ff = d->n_ff; c->n_head = d->n_head;
+    c->n_head_kv = d->n_head_kv; c->head_dim = d->head_dim; c->n_vocab = d->n_vocab; c->rope_type = d->rope_type;
+    c->rope_base = d->rope_freq_base; c->rms_eps = d->rms_eps; c->n_ctx = n_ctx; c->max_nt = max_nt;
+    const char *env = getenv("MI_CUDA_GRAPHS");
+    c->use_graphs = !(env && strcmp(env, "0") == 0);
+    c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
+    if (!c->layers) { free(c); return mi_set_error(MI_ERR_OOM, "out of host memory"); }
+    int rc = MI_OK;
+#define MI_FAIL(expr)          \
+    do {                       \
+        if ((rc = (expr))) {   \
+            mi_cuda_ctx_free(c); \
+            return rc;         \
+        }                      \
+    } while (0)
+    // Weights: one allocation holding every tensor (tied output shares tok_embd's copy).
+    const bool tied = d->output.data == d->tok_embd.data && d->output.type == d->tok_embd.type;
+    size_t wbytes = mi_size(&d->tok_embd) + (tied ? 0 : mi_size(&d->output)) + mi_size(&d->output_norm);
+    for (int l = 0; l < d->n_layer; l++) {
+        const mi_layer *L = &d->layers[l];
+        const mi_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv,
+                                 &L->wo, &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        for (const mi_tensor *t : ts) wbytes += mi_size(t);
+        if (L->ffn_gate.type != L->ffn_up.type) c->split_ffn = 1;
+    }
+    if (cudaMalloc(&c->weights, wbytes) != cudaSuccess) {
+        c->weights = nullptr;
+        MI_FAIL(mi_oom("the weights", wbytes));
+    }
+    size_t off = 0;
+    MI_FAIL(mi_upload(&d->tok_embd, c->weights, &off, &c->tok_embd));
+    if (tied) c->output = c->tok_embd;
+    else MI_FAIL(mi_upload(&d->output, c->weights, &off, &c->output));
+    mi_dtensor tmp;
+    const char *se = getenv("MI_CUDA_QKV_STACK"); // =0: one launch per q, k, v (A/B timing)
+    const bool stack_qkv = !(se && strcmp(se, "0") == 0);
+    MI_FAIL(mi_upload(&d->output_norm, c->weights, &off, &tmp));
+    c->output_norm = (const float *)tmp.data;
+    for (int l = 0; l < d->n_layer; l++) {
+        const mi_layer *L = &d->layers[l];
+        mi_cuda_layer *G = &c->layers[l];
+        MI_FAIL(mi_upload(&L->attn_norm, c->weights, &off, &tmp)); G->attn_norm = (const float *)tmp.data;
+        // Same-typed q, k, v back to back (no padding: a row of a type is a whole number of its
+        // blocks, so the next matrix keeps the alignment the type's loads need), then run as one
+        // stacked matrix; a type change gets the usual 256-byte padding.
+        MI_FAIL(mi_upload(&L->wq, c->weights, &off, &G->wq, L->wq.type != L->wk.type));
+        MI_FAIL(mi_upload(&L->wk, c->weights, &off, &G->wk, L->wk.type != L->wv.type));
+        MI_FAIL(mi_upload(&L->wv, c->weights, &off, &G->wv));
+        MI_FAIL(mi_upload(&L->bq, c->weights, &off, &tmp)); G->bq = (const float *)tmp.data;
+        MI_FAIL(mi_upload(&L->bk, c->weights, &off, &tmp)); G->bk = (const float *)tmp.data;
+        MI_FAIL(mi_upload(&L->bv, c->weights, &off, &tmp)); G->bv = (const float *)tmp.data;
+        MI_FAIL(mi_upload(&L->wo, c->weights, &off, &G->wo));
+        MI_FAIL(mi_upload(&L->ffn_norm, c->weights, &off, &tmp)); G->ffn_norm = (const float *)tmp.data;
+        MI_FAIL(mi_upload(&L->ffn_gate, c->weights, &off, &G->gate));
+        MI_FAIL(mi_upload(&L->ffn_up, c->weights, &off, &G->up));
+        MI_FAIL(mi_upload(&L->ffn_down, c->weights, &off, &G->down));
+        const mi_dtensor *qkv[3] = {&G->wq, &G->wk, &G->wv};
+        for (int i = 0; i < 3; i++) {
+            const mi_dtensor *p = i ? qkv[i - 1] : nullptr;
+            if (i && stack_qkv && p->type == qkv[i]->type && p->data + p->n_rows * p->row_bytes == qkv[i]->data) {
+                G->qkv_count[G->n_qkv - 1]++;
+                G->qkv_w[G->n_qkv - 1].n_rows += qkv[i]->n_rows;
+            } else {
+                G->qkv_first[G->n_qkv] = i;
+                G->qkv_count[G->n_qkv] = 1;
+                G->qkv_w[G->n_qkv++] = *qkv[i];
+            }
+        }
+    }
+    // Arena: KV cache and scratch, sizes as the struct comments state.
+    const int64_t E = d->n_embd, F = d->n_ff, HD = d->head_dim, QD = (int64_t)d->n_head * HD,
+                  KD = (int64_t)d->n_head_kv * HD;
+    int64_t widest = E > F ? E : F;
+    if (QD > widest) widest = QD;
+    const size_t kv_bytes = (size_t)d->n_layer * n_ctx * KD * sizeof(__half);
+    const size_t sizes[] = {
+        kv_bytes, kv_bytes,
+        (size_t)max_nt * E * 4,                                    // x
+        (size_t)max_nt * widest * 4,                               // xn
+        (size_t)max_nt * (widest / 32) * sizeof(mi_block_q8a),     // xq
+        (size_t)max_nt * QD * 4, (size_t)max_nt * KD * 4, (size_t)max_nt * KD * 4, // q k v
+        (size_t)max_nt * QD * 4,                                   // att
+        (size_t)max_nt * F * 4,                                    // ff
+        c->split_ffn ? (size_t)max_nt * F * 4 : 0, c->split_ffn ? (size_t)max_nt * F * 4 : 0, // gate up
+        (size_t)max_nt * HD * 4,                                   // rope_cs
+        mi_attn_part_floats(max_nt, d->n_head, d->head_dim) * 4,   // part
+        (size_t)max_nt * d->n_vocab * 4,                           // logits
+        ((size_t)4 * max_nt + 1) * 4,                              // ints
+    };
+    const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
+    size_t abytes = 0;
+    for (int i = 0; i < n_sizes; i++) abytes += mi_align(sizes[i]);
+    if (cudaMalloc(&c->arena, abytes) != cudaSuccess) {
+        c->arena = nullptr;
+        char what[96];
+        snprintf(what, sizeof what, "the KV cache and scratch (n_ctx %d, max_nt %d)", n_ctx, max_nt);
+        MI_FAIL(mi_oom(what, abytes));
+    }
+    // Zeroed like the CPU's calloc'd cache, so never-written slots hold no NaN bit patterns.
+    MI_FAIL([&]() -> int { MI_CUDA_TRY(cudaMemset(c->arena, 0, abytes)); return MI_OK; }());
+    void *ptrs[n_sizes];
+    off = 0;
+    for (int i = 0; i < n_sizes; i++) {
+        ptrs[i] = sizes[i] ? c->arena + off : nullptr;
+        off += mi_align(sizes[i]);
+    }
+    c->kv_k = (__half *)ptrs[0]; c->kv_v = (__half *)ptrs[1]; c->x = (float *)ptrs[2]; c->xn = (float *)ptrs[3];
+    c->xq = (mi_block_q8a *)ptrs[4]; c->q = (float *)ptrs[5]; c->k = (float *)ptrs[6]; c->v = (float *)ptrs[7];
+    c->att = (float *)ptrs[8]; c->ff = (float *)ptrs[9]; c->gate = (float *)ptrs[10]; c->up = (float *)ptrs[11];
+    c->rope_cs = (float *)ptrs[12]; c->part = (float *)ptrs[13]; c->logits = (float *)ptrs[14];
+    c->ints = (int32_t *)ptrs[15];
+    MI_FAIL([&]() -> int {
+        MI_CUDA_TRY(cudaMallocHost(&c->h_ints, ((size_t)4 * max_nt + 1) * 4));
+        MI_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+        const char *pe = getenv("MI_CUDA_PROFILE");
+        if (pe && strcmp(pe, "1") == 0) {
+            c->prof = 1;
+            c->cap_ev = 16 * c->n_layer + 16;
+            c->ev = (cudaEvent_t *)calloc((size_t)c->cap_ev, sizeof(cudaEvent_t));
+            c->ev_kind = (int *)calloc((size_t)c->cap_ev, sizeof(int));
+            if (!c->ev || !c->ev_kind) return mi_set_error(MI_ERR_OOM, "out of host memory");
+            for (int i = 0; i < c->cap_ev; i++) MI_CUDA_TRY(cudaEventCreate(&c->ev[i]));
+        }
+        return MI_OK;
+    }());
+#undef MI_FAIL
+    *out = c;
+    return MI_OK;
 }
-extern "C" void mi_cuda_ctx_free(mi_cuda_ctx *) {}
-extern "C" int mi_cuda_forward(mi_cuda_ctx *, const int32_t *, const int32_t *, int32_t, const int32_t *, int32_t, float *,
-                               int32_t *) {
-    return mi_set_error(MI_ERR_CUDA, "CUDA forward not implemented yet");
+
+extern "C" int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
+                               const int32_t *out_rows, int32_t n_out, float *logits, int32_t *argmax) {
+    const int M = c->max_nt;
+    memcpy(c->h_ints, tokens, nt * 4);
+    memcpy(c->h_ints + M, pos, nt * 4);
+    if (n_out) memcpy(c->h_ints + 2 * M, out_rows, n_out * 4);
+    c->h_ints[3 * M] = n_out;
+    MI_CUDA_TRY(cudaMemcpyAsync(c->ints, c->h_ints, ((size_t)3 * M + 1) * 4, cudaMemcpyHostToDevice, c->stream));
+    if (c->use_graphs && nt <= MI_GRAPH_MAX_NT) {
+        if (!c->graphs[nt]) {
+            const int rc = mi_capture(c, nt);
+            if (rc) return rc;
+        }
+        MI_CUDA_TRY(cudaGraphLaunch(c->graphs[nt], c->stream));
+    } else {
+        const int rc = mi_enqueue(c, nt, 0, n_out);
+        if (rc) return rc;
+    }
+    if (n_out > 0 && argmax)
+        MI_CUDA_TRY(cudaMemcpyAsync(c->h_ints + 3 * M + 1, c->ints + 3 * M + 1, (size_t)n_out * 4, cudaMemcpyDeviceToHost,
+                                    c->stream));
+    if (n_out > 0 && logits)
+        MI_CUDA_TRY(cudaMemcpyAsync(logits, c->logits, (size_t)n_out * c->n_vocab * 4, cudaMemcpyDeviceToHost, c->stream));
+    MI_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    if (c->prof && c->n_ev > 1) {
+        for (int i = 1; i < c->n_ev; i++) {
+            float ms = 0.0f;
+            MI_CUDA_TRY(cudaEventElapsedTime(&ms, c->ev[i - 1], c->ev[i]));
+            c->prof_ms[c->ev_kind[i]] += ms;
+        }
+        c->prof_calls++;
+    }
+    c->n_ev = 0;
+    if (n_out > 0 && argmax) memcpy(argmax, c->h_ints + 3 * M + 1, (size_t)n_out * 4);
+    return MI_OK;
 }
-extern "C" int mi_cuda_op_matmul(int32_t, const void *, int64_t, int64_t, const float *, int32_t, float *) {
-    return mi_set_error(MI_ERR_CUDA, "CUDA matmul not implemented yet");
+
+extern "C" int mi_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
+                                 float *y) {
+    if (!mi_cuda_available()) return mi_set_error(MI_ERR_CUDA, "no CUDA device visible");
+    const bool quant = !(type == MI_TYPE_F32 || type == MI_TYPE_F16);
+    mi_tensor ht = {w, type, n_cols, n_rows};
+    mi_dtensor t;
+    t.type = type;
+    t.n_cols = n_cols;
+    t.n_rows = n_rows;
+    t.row_bytes = n_cols / mi_type_block_elems(type) * mi_type_block_bytes(type);
+    const size_t wb = (size_t)mi_tensor_bytes(&ht), xb = (size_t)nt * n_cols * 4, yb = (size_t)nt * n_rows * 4;
+    const size_t qb = quant ? (size_t)nt * (n_cols / 32) * sizeof(mi_block_q8a) : 0;
+    uint8_t *buf = nullptr;
+    const size_t total = mi_align(wb) + mi_align(xb) + mi_align(yb) + mi_align(qb);
+    if (cudaMalloc(&buf, total) != cudaSuccess) return mi_oom("matmul operands", total);
+    uint8_t *wd = buf, *xd = wd + mi_align(wb), *yd = xd + mi_align(xb), *qd = yd + mi_align(yb);
+    t.data = wd;
+    int rc = [&]() -> int {
+        MI_CUDA_TRY(cudaMemcpy(wd, w, wb, cudaMemcpyHostToDevice));
+        MI_CUDA_TRY(cudaMemcpy(xd, x, xb, cudaMemcpyHostToDevice));
+        int r;
+        if (quant && (r = mi_cuda_quantize((const float *)xd, nt, (int)n_cols, (mi_block_q8a *)qd, 0))) return r;
+        if ((r = mi_cuda_mmvq(&t, nullptr, quant ? (const mi_block_q8a *)qd : nullptr, (const float *)xd, n_cols, nt,
+                              (float *)yd, n_rows, nullptr, 0, 0)))
+            return r;
+        MI_CUDA_TRY(cudaMemcpy(y, yd, yb, cudaMemcpyDeviceToHost));
+        return MI_OK;
+    }();
+    cudaFree(buf);
+    return rc;
 }

@@ -3,7 +3,11 @@
 #include "norm.cuh"
 
 namespace {
-constexpr int MI_NORM_THREADS = 256;
+// One block per row for the norm (its sum of squares is a block reduction): 1024 threads so a
+// 1536..8192-wide row takes few passes. Plain quantization has no reduction across chunks: a grid
+// of 8-chunk blocks keeps every SM busy even for one row.
+constexpr int MI_NORM_THREADS = 1024;
+constexpr int MI_QUANT_THREADS = 256;
 
 __global__ void __launch_bounds__(MI_NORM_THREADS)
     mi_rmsnorm_quant_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
@@ -35,11 +39,11 @@ __global__ void __launch_bounds__(MI_NORM_THREADS)
     }
 }
 
-__global__ void __launch_bounds__(MI_NORM_THREADS)
+__global__ void __launch_bounds__(MI_QUANT_THREADS)
     mi_quantize_kernel(const float *__restrict__ x, int n, mi_block_q8a *__restrict__ xq) {
-    const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int c = warp; c < n / 32; c += MI_NORM_THREADS / 32)
-        mi_quant_chunk_warp(x[(int64_t)t * n + 32 * c + lane], xq + (int64_t)t * (n / 32) + c, lane);
+    const int t = blockIdx.y, lane = threadIdx.x % 32;
+    const int c = blockIdx.x * (MI_QUANT_THREADS / 32) + threadIdx.x / 32;
+    if (c < n / 32) mi_quant_chunk_warp(x[(int64_t)t * n + 32 * c + lane], xq + (int64_t)t * (n / 32) + c, lane);
 }
 
 __global__ void mi_swiglu_kernel(const float *__restrict__ g, const float *__restrict__ u, float *y, int64_t n) {
@@ -57,7 +61,8 @@ int mi_cuda_rmsnorm_quant(const float *x, const int32_t *rows, const int32_t *n_
 }
 
 int mi_cuda_quantize(const float *x, int nt, int n, mi_block_q8a *xq, cudaStream_t s) {
-    mi_quantize_kernel<<<nt, MI_NORM_THREADS, 0, s>>>(x, n, xq);
+    const int per_block = MI_QUANT_THREADS / 32;
+    mi_quantize_kernel<<<dim3((n / 32 + per_block - 1) / per_block, nt), MI_QUANT_THREADS, 0, s>>>(x, n, xq);
     MI_LAUNCH_TRY("quantize");
     return MI_OK;
 }

@@ -1,0 +1,221 @@
+"""Synthetic-model decode benchmark of the CUDA backend (also the model builder of tests/test_cuda.py).
+
+Models are built straight from numpy arrays of random *valid* quantized bytes in the real shapes
+(no GGUF file: the device machine takes at most 64 MiB per call). Scales are drawn so that each
+weight row has an rms near 1/sqrt(n_cols), which keeps activations finite through every layer.
+
+    python3 bench/bench_gpu.py [--models 1.5b,7b] [--tokens 200]
+
+Prints one table: decode tok/s (graphs, nt=1, median over the timed tokens), the same at a context
+depth, nt=8 batch throughput, and the share of the decode roofline (weight bytes per token over
+4.5 TB/s, the H200's measured streaming-read rate; see /work/shared/anchors/ANCHORS.md).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14
+# type: (elements per block, bytes per block, byte offsets of f16 scale fields, rms of the integer
+# factor multiplying d, with random bytes in every other field)
+TYPES = {
+    Q4_0: (32, 18, (0,), 4.6),
+    Q4_1: (32, 20, (0, 2), 8.8),
+    Q5_0: (32, 22, (0,), 9.2),
+    Q5_1: (32, 24, (0, 2), 18.0),
+    Q8_0: (32, 34, (0,), 74.0),
+    Q4_K: (256, 144, (0, 2), 300.0),
+    Q5_K: (256, 176, (0, 2), 600.0),
+    Q6_K: (256, 210, (208,), 1300.0),
+}
+NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
+         Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+
+
+def row_bytes(typ: int, n_cols: int) -> int:
+    if typ == F32:
+        return 4 * n_cols
+    if typ == F16:
+        return 2 * n_cols
+    be, bb, _, _ = TYPES[typ]
+    return n_cols // be * bb
+
+
+def random_weights(rng: np.random.Generator, typ: int, n_rows: int, n_cols: int, gain: float = 1.0) -> np.ndarray:
+    """Random valid bytes of a [n_rows, n_cols] tensor of ``typ`` (uint8, C-contiguous)."""
+    target = gain / np.sqrt(n_cols)
+    if typ in (F32, F16):
+        w = (rng.standard_normal(n_rows * n_cols) * target).astype(np.float32 if typ == F32 else np.float16)
+        return w.view(np.uint8)
+    be, bb, f16_offs, mag = TYPES[typ]
+    nb = n_rows * n_cols // be
+    raw = np.frombuffer(rng.bytes(nb * bb), dtype=np.uint8).reshape(nb, bb).copy()
+    for off in f16_offs:
+        d = (rng.uniform(0.5, 1.5, nb) * target / mag).astype(np.float16)
+        raw[:, off:off + 2] = d.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(-1)
+
+
+def f32(rng: np.random.Generator, n: int, mean: float = 0.0, std: float = 1.0) -> np.ndarray:
+    return (mean + std * rng.standard_normal(n)).astype(np.float32)
+
+
+def synthetic_model(rng, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, types, rope_type=2,
+                    bias=True, tied=False, qk_gain=4.0):
+    """(cfg, tensors, keepalive, weight_bytes_per_token) for pyminfer._core.Context.
+
+    types: dict with keys embd, output, q, k, v, o, gate, up, down: either a type or a list of
+    per-layer types."""
+    keep = []
+
+    def t(typ, n_rows, n_cols, gain=1.0):
+        a = random_weights(rng, typ, n_rows, n_cols, gain)
+        keep.append(a)
+        return (a.ctypes.data, typ, n_cols, n_rows)
+
+    def vec(n, mean=0.0, std=1.0):
+        a = f32(rng, n, mean, std)
+        keep.append(a)
+        return (a.ctypes.data, F32, n, 1)
+
+    def typ(key, layer):
+        v = types[key]
+        return v[layer] if isinstance(v, (list, tuple)) else v
+
+    qd, kd = n_head * head_dim, n_head_kv * head_dim
+    layers = []
+    per_token = 0
+    for i in range(n_layer):
+        L = {
+            "attn_norm": vec(n_embd, 1.0, 0.1),
+            "wq": t(typ("q", i), qd, n_embd, qk_gain),
+            "wk": t(typ("k", i), kd, n_embd, qk_gain),
+            "wv": t(typ("v", i), kd, n_embd),
+            "bq": vec(qd, 0.0, 0.5) if bias else None,
+            "bk": vec(kd, 0.0, 0.5) if bias else None,
+            "bv": vec(kd, 0.0, 0.1) if bias else None,
+            "wo": t(typ("o", i), n_embd, qd, 0.5),
+            "ffn_norm": vec(n_embd, 1.0, 0.1),
+            "ffn_gate": t(typ("gate", i), n_ff, n_embd, 2.0),
+            "ffn_up": t(typ("up", i), n_ff, n_embd),
+            "ffn_down": t(typ("down", i), n_embd, n_ff, 0.5),
+        }
+        for k in ("wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down"):
+            per_token += row_bytes(L[k][1], L[k][2]) * L[k][3]
+        layers.append(L)
+    embd = t(types["embd"], n_vocab, n_embd, np.sqrt(n_embd))
+    output = embd if tied else t(types["output"], n_vocab, n_embd, 2.0)
+    per_token += row_bytes(output[1], n_embd) * n_vocab + row_bytes(embd[1], n_embd)
+    cfg = dict(n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+               n_vocab=n_vocab, rope_type=rope_type, rope_freq_base=1000000.0, rms_eps=1e-6)
+    tensors = dict(tok_embd=embd, output_norm=vec(n_embd, 1.0, 0.1), output=output, layers=layers)
+    return cfg, tensors, keep, per_token
+
+
+def qwen_types(n_layer):
+    """Q4_K_M-like mix: Q4_K, with Q6_K for output, attn_v and ffn_down on half the layers."""
+    half = [Q6_K if i % 2 == 0 else Q4_K for i in range(n_layer)]
+    return dict(embd=Q6_K, output=Q6_K, q=Q4_K, k=Q4_K, v=half, o=Q4_K, gate=Q4_K, up=Q4_K, down=half)
+
+
+SHAPES = {
+    "1.5b": dict(n_layer=28, n_embd=1536, n_ff=8960, n_head=12, n_head_kv=2, head_dim=128, n_vocab=151936),
+    "7b": dict(n_layer=28, n_embd=3584, n_ff=18944, n_head=28, n_head_kv=4, head_dim=128, n_vocab=152064),
+}
+
+
+def decode_times(ctx, n_tokens, start_pos=0, nt=1):
+    """Seconds per forward call of nt tokens (graphs after the first call at this nt)."""
+    am = np.zeros(nt, dtype=np.int32)
+    rows = np.arange(nt, dtype=np.int32)
+    tok = np.full(nt, 1, dtype=np.int32)
+    times = []
+    for i in range(n_tokens):
+        pos = np.arange(start_pos + i * nt, start_pos + (i + 1) * nt, dtype=np.int32)
+        t0 = time.perf_counter()
+        ctx.forward(tok, pos, rows, argmax=am)
+        times.append(time.perf_counter() - t0)
+        tok = am.copy() % 1000
+    return times
+
+
+def prefill(ctx, n, nt=64):
+    rows = np.zeros(0, dtype=np.int32)
+    for p0 in range(0, n, nt):
+        k = min(nt, n - p0)
+        ctx.forward(np.full(k, 7, dtype=np.int32), np.arange(p0, p0 + k, dtype=np.int32), rows)
+
+
+def main():
+    from pyminfer import _core
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="1.5b,7b")
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--depth", type=int, default=4096)
+    ap.add_argument("--profile", action="store_true", help="per-op GPU time of 1.5b decode (no graphs)")
+    ap.add_argument("--ab", action="store_true", help="1.5b tg with q/k/v as separate launches, same machine")
+    args = ap.parse_args()
+    print("device:", _core.cuda_device_name())
+    rows = []
+    for name in args.models.split(","):
+        shp = SHAPES[name]
+        rng = np.random.default_rng(0)
+        t0 = time.time()
+        cfg, tensors, keep, per_token = synthetic_model(rng, types=qwen_types(shp["n_layer"]), **shp)
+        t1 = time.time()
+        ctx = _core.Context(cfg, tensors, args.depth + 512, 64, 0, 1, keep)
+        t2 = time.time()
+        print(f"{name}: built in {t1 - t0:.1f}s, uploaded in {t2 - t1:.1f}s, {per_token / 1e9:.3f} GB/token")
+        roof = 4.5e12 / per_token
+        decode_times(ctx, 5)  # capture + warm
+        tg = decode_times(ctx, args.tokens)
+        med = statistics.median(tg)
+        rows.append((name, "tg nt=1 @0", 1 / med, 100 / med / roof, min(tg) * 1e3))
+        prefill(ctx, args.depth)
+        tgd = decode_times(ctx, args.tokens // 2, start_pos=args.depth)
+        med = statistics.median(tgd)
+        rows.append((name, f"tg nt=1 @{args.depth}", 1 / med, 100 / med / roof, min(tgd) * 1e3))
+        b8 = decode_times(ctx, 10, start_pos=0, nt=8)[2:]
+        med = statistics.median(b8)
+        rows.append((name, "nt=8 batch @0", 8 / med, float("nan"), min(b8) * 1e3))
+        t0 = time.perf_counter()
+        prefill(ctx, 512, nt=64)
+        dt = time.perf_counter() - t0
+        rows.append((name, "prefill 512 (nt=64)", 512 / dt, float("nan"), dt * 1e3))
+        ctx.close()
+        del keep, tensors
+    import os
+    if args.ab:
+        rng = np.random.default_rng(0)
+        shp = SHAPES["1.5b"]
+        cfg, tensors, keep, per_token = synthetic_model(rng, types=qwen_types(shp["n_layer"]), **shp)
+        for stack in ("1", "0", "1"):
+            os.environ["MI_CUDA_QKV_STACK"] = stack
+            ctx = _core.Context(cfg, tensors, 1024, 8, 0, 1, keep)
+            decode_times(ctx, 5)
+            tg = decode_times(ctx, args.tokens)
+            med = statistics.median(tg)
+            rows.append(("1.5b", f"tg @0 qkv_stack={stack}", 1 / med, 100 / med / (4.5e12 / per_token), min(tg) * 1e3))
+            ctx.close()
+        del os.environ["MI_CUDA_QKV_STACK"]
+    if args.profile:
+        rng = np.random.default_rng(0)
+        shp = SHAPES["1.5b"]
+        cfg, tensors, keep, _ = synthetic_model(rng, types=qwen_types(shp["n_layer"]), **shp)
+        os.environ.update(MI_CUDA_GRAPHS="0", MI_CUDA_PROFILE="1")
+        ctx = _core.Context(cfg, tensors, 2048, 8, 0, 1, keep)
+        del os.environ["MI_CUDA_GRAPHS"], os.environ["MI_CUDA_PROFILE"]
+        decode_times(ctx, 50, start_pos=100)
+        ctx.close()  # prints the per-op table to stderr
+    print()
+    print(f"{'model':6} {'what':22} {'tok/s':>10} {'% roofline':>11} {'best ms':>9}")
+    for r in rows:
+        print(f"{r[0]:6} {r[1]:22} {r[2]:10.1f} {r[3]:11.1f} {r[4]:9.3f}")
+
+
+if __name__ == "__main__":
+    main()

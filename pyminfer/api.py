@@ -1,0 +1,311 @@
+"""The Python door: ``pyminfer.LLM``.
+
+    >>> from pyminfer import LLM
+    >>> with LLM("smollm2-135m", device="cpu") as llm:
+    ...     r = llm.generate("The capital of France is", max_tokens=8, temperature=0)
+    ...     print(r.text, r.finish_reason, r.timings["decode_tok_s"])
+    ...     for chunk in llm.chat([{"role": "user", "content": "Hi!"}], stream=True):
+    ...         print(chunk.text, end="", flush=True)
+
+One LLM owns one model (and optionally a draft model for speculative decoding) and its KV cache.
+Generations on one LLM run one at a time: other threads wait for the running one; starting a second
+generation in the thread that holds an unfinished stream raises RuntimeError.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence, Union
+
+from .generate import Chunk, GenerationResult, generate_stream
+from .sampling import SamplingParams
+
+__all__ = ["LLM", "Chunk", "GenerationResult", "Prompt"]
+
+Prompt = Union[str, Sequence[int]]
+
+
+class LLM:
+    """A GGUF model ready to generate.
+
+    Args:
+        model_path: GGUF file path, or a known model name ("smollm2-135m", "qwen2.5-coder-0.5b",
+            ...; fetched into the cache on first use), or None for the default model.
+        draft_model: optional draft model (path or name) for speculative decoding; its vocabulary
+            must match the target's.
+        device: "auto" (CUDA when visible), "cuda" or "cpu".
+        n_ctx: context size in tokens (default min(4096, the model's trained context)).
+        n_threads: CPU threads (0: all cores).
+        spec_draft_n: draft tokens per speculative round (0..7).
+        spec_adaptive: choose the draft depth each round.
+
+    Raises:
+        FileNotFoundError: no such model file.  KeyError: unknown model name.
+        pyminfer.spec.VocabMismatch: the draft's vocabulary differs from the target's.
+        ValueError / RuntimeError / MemoryError: bad file, device or settings.
+    """
+
+    def __init__(self, model_path: str | Path | None = None, *, draft_model: str | Path | None = None,
+                 device: str = "auto", n_ctx: int | None = None, n_threads: int = 0, spec_draft_n: int = 4,
+                 spec_adaptive: bool = False):
+        from .engine import Model
+        from .models import resolve_model
+
+        self.model_path = resolve_model(None if model_path is None else str(model_path))
+        self._model: Any = Model(self.model_path, device=device, n_ctx=n_ctx, n_threads=n_threads)
+        self._draft: Any = None
+        try:
+            if draft_model is not None:
+                from .spec import MAX_DEPTH, check_vocab_compat
+
+                if not 0 <= spec_draft_n <= MAX_DEPTH:
+                    raise ValueError(f"spec_draft_n must be in 0..{MAX_DEPTH}, got {spec_draft_n}")
+                self._draft = Model(resolve_model(str(draft_model)), device=device, n_ctx=self._model.n_ctx,
+                                    n_threads=n_threads)
+                check_vocab_compat(self._model.tokenizer, self._draft.tokenizer)
+        except BaseException:
+            self.close()
+            raise
+        self.spec_draft_n = spec_draft_n
+        self.spec_adaptive = spec_adaptive
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    @classmethod
+    def from_models(cls, model: Any, draft: Any = None, *, spec_draft_n: int = 4,
+                    spec_adaptive: bool = False) -> "LLM":
+        """Wrap already loaded pyminfer.engine.Model objects (e.g. from the CLI's loader); the LLM
+        takes ownership (close() frees them). Raises VocabMismatch for an incompatible draft."""
+        self = cls.__new__(cls)
+        self.model_path = Path(model.gguf.path)
+        self._model, self._draft = model, draft
+        if draft is not None:
+            from .spec import check_vocab_compat
+
+            check_vocab_compat(model.tokenizer, draft.tokenizer)
+        self.spec_draft_n = spec_draft_n
+        self.spec_adaptive = spec_adaptive
+        self._lock = threading.Lock()
+        self._owner = None
+        return self
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def model(self) -> Any:
+        """The underlying pyminfer.engine.Model (raises RuntimeError after close())."""
+        if self._model is None:
+            raise RuntimeError("this LLM is closed")
+        return self._model
+
+    @property
+    def draft(self) -> Any:
+        """The draft pyminfer.engine.Model, or None."""
+        return self._draft
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    @property
+    def device(self) -> str:
+        return self.model.device
+
+    @property
+    def name(self) -> str:
+        """The model file name (e.g. 'smollm2-135m-instruct-q4_1.gguf')."""
+        return self.model_path.name
+
+    # ------------------------------------------------------------------ tokens
+    def tokenize(self, text: str, parse_special: bool = True, add_bos: bool | None = None) -> list[int]:
+        """Token ids of ``text``. ``parse_special``: turn special-token text (``<|im_start|>``) into
+        its id; ``add_bos``: default is the model's add_bos_token. Raises TypeError for non-str."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        return self.tokenizer.encode(text, parse_special=parse_special, add_bos=add_bos)
+
+    def detokenize(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        """Text of token ids. Raises ValueError for an id outside the vocabulary, TypeError for non-ints."""
+        ids = _check_ids(ids, self.tokenizer.n_vocab)
+        return self.tokenizer.decode(ids, skip_special=skip_special)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``messages`` ([{"role": ..., "content": ...}]) under the model's chat
+        template. Raises ValueError when the model has no template or the messages are malformed."""
+        return self.tokenizer.apply_chat_template(_check_messages(messages), add_generation_prompt=add_generation_prompt)
+
+    # ------------------------------------------------------------------ generation
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """A prompt (str, tokenized with special parsing, or a list of ids) as a list of ids."""
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, parse_special=True)
+        if isinstance(prompt, (bytes, bytearray)):
+            raise TypeError("prompt must be str or a list of token ids, not bytes")
+        return _check_ids(prompt, self.tokenizer.n_vocab)
+
+    def generate(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 seed: int | None = None, stop: str | Sequence[str] | None = None,
+                 stream: bool = False) -> GenerationResult | Iterator[Chunk]:
+        """Complete ``prompt``.
+
+        Args:
+            prompt: text (special tokens parsed, BOS added when the model wants it) or token ids.
+            max_tokens: most tokens to generate (>= 0).
+            temperature: <= 0 is greedy (deterministic). top_k (<= 0 off), top_p, min_p,
+                repeat_penalty (1.0 off) over the last repeat_last_n tokens: llama.cpp's samplers.
+            seed: RNG seed (None: random).  stop: a string or strings that end the text (not included).
+            stream: return an iterator of Chunk (``.text``, ``.token_ids``; the last one has ``.text == ""``
+                and ``.result``) instead of the GenerationResult.
+
+        Returns:
+            GenerationResult: ``text``, ``prompt_ids``, ``generated_ids``, ``finish_reason`` ('stop' or
+            'length'), ``stop_reason`` ('eos', 'stop_string', 'max_tokens', 'context'), ``timings``
+            (prefill/decode seconds and tokens/s), ``spec`` (speculative statistics or None).
+
+        Raises:
+            ValueError: empty prompt, max_tokens < 0, sampling values out of range.
+            pyminfer.engine.ContextFull (a ValueError): the prompt does not fit n_ctx.
+            TypeError: a prompt that is neither str nor a list of ints.
+            RuntimeError: the LLM is closed, or this thread is still iterating another stream.
+        """
+        ids = self.prompt_ids(prompt)
+        params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            raise TypeError("max_tokens must be an int")
+        if max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens): give some text")
+        if len(ids) >= self.n_ctx:
+            from .engine import ContextFull
+
+            raise ContextFull(f"the prompt has {len(ids)} tokens; the context holds n_ctx={self.n_ctx}")
+        it = self._stream(ids, params, max_tokens)
+        if stream:
+            return it
+        res = None
+        for ch in it:
+            res = ch.result or res
+        assert res is not None
+        return res
+
+    def chat(self, messages: list[dict[str, Any]], **kw: Any) -> GenerationResult | Iterator[Chunk]:
+        """Answer a conversation: ``messages`` ([{"role": "system"|"user"|"assistant", "content": str}])
+        rendered with the model's chat template plus the assistant prefix, then ``generate(**kw)``
+        (same keywords and return value). Raises ValueError without a chat template or for malformed
+        messages."""
+        text = self.apply_chat_template(messages, add_generation_prompt=True)
+        return self.generate(text, **kw)
+
+    def _params(self, temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
+                repeat_last_n: int, seed: int | None, stop: str | Sequence[str] | None) -> SamplingParams:
+        if stop is None:
+            stops: list[str] = []
+        elif isinstance(stop, str):
+            stops = [stop]
+        else:
+            stops = list(stop)
+            if not all(isinstance(s, str) for s in stops):
+                raise TypeError("stop must be a string or a list of strings")
+        p = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+                           min_p=float(min_p), repeat_penalty=float(repeat_penalty),
+                           repeat_last_n=int(repeat_last_n), seed=seed, stop=stops)
+        p.validate()
+        return p
+
+    def _acquire(self) -> None:
+        me = threading.get_ident()
+        if self._owner == me:
+            raise RuntimeError("a generation of this LLM is still running in this thread (finish or close "
+                               "the previous stream first)")
+        self._lock.acquire()
+        self._owner = me
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def _stream(self, ids: list[int], params: SamplingParams, max_tokens: int) -> Iterator[Chunk]:
+        self._acquire()
+        try:
+            yield from generate_stream(self.model, ids, params, max_tokens, draft=self._draft,
+                                       spec_draft_n=self.spec_draft_n, spec_adaptive=self.spec_adaptive)
+        finally:
+            self._release()
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Free the KV caches and device memory of the model (and draft). Idempotent."""
+        for attr in ("_draft", "_model"):
+            m = getattr(self, attr, None)
+            if m is not None:
+                m.close()
+                setattr(self, attr, None)
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        if self._model is None:
+            return "LLM(closed)"
+        d = f", draft={self._draft.gguf.path.name!r}" if self._draft is not None else ""
+        return f"LLM({self.name!r}, device={self.device!r}, n_ctx={self.n_ctx}{d})"
+
+
+def _check_ids(ids: Any, n_vocab: int) -> list[int]:
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError("token ids must be a list of ints")
+    out: list[int] = []
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            try:
+                import numpy as np
+
+                if isinstance(i, np.integer):
+                    i = int(i)
+                else:
+                    raise TypeError
+            except TypeError:
+                raise TypeError(f"token ids must be ints, got {type(i).__name__}") from None
+        if not 0 <= i < n_vocab:
+            raise ValueError(f"token id {i} is outside the vocabulary (0..{n_vocab - 1})")
+        out.append(i)
+    return out
+
+
+def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}] must be a dict with a string 'role'")
+        c = m.get("content")
+        if c is None:
+            c = ""
+        if isinstance(c, list):  # OpenAI content parts: keep the text ones
+            parts = []
+            for p in c:
+                if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
+                    parts.append(p["text"])
+                else:
+                    raise ValueError(f"messages[{i}].content: only text parts are supported")
+            c = "".join(parts)
+        if not isinstance(c, str):
+            raise ValueError(f"messages[{i}].content must be a string")
+        out.append({**m, "content": c})
+    return out

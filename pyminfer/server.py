@@ -1,0 +1,647 @@
+"""``pyminfer serve``: an OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (also without the /v1 prefix),
+GET /v1/models, GET /health (503 while the model loads), POST /tokenize, POST /detokenize
+(llama.cpp server shapes), GET /metrics (Prometheus text format).
+
+Requests are served one at a time by a single worker thread; each starts from an empty KV cache
+(no prefix reuse across requests), so a response equals the same request served alone. A client
+that disconnects mid-generation stops it at the next token. Errors come back as OpenAI-style JSON
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status.
+
+Needs the ``server`` extra: ``pip install 'pyminfer[server]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, List, Optional, Union
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
+
+from .api import LLM
+from .generate import Chunk, GenerationResult
+from .sampling import SamplingParams
+
+MAX_POSITIONS = 7  # speculative draft positions reported in /metrics
+
+
+# ---------------------------------------------------------------------------------------------- errors
+class APIError(Exception):
+    """An error with an HTTP status and an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def _loading_error() -> APIError:
+    return APIError(503, "the model is loading; retry shortly", type="unavailable_error", code="model_loading")
+
+
+# ---------------------------------------------------------------------------------------------- requests
+class _GenRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(default=None, ge=0)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=0)
+    temperature: float = Field(default=0.8, ge=0.0)
+    top_p: float = Field(default=0.95, ge=0.0, le=1.0)
+    top_k: int = 40
+    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
+    repeat_penalty: float = Field(default=1.0, gt=0.0)
+    repeat_last_n: int = Field(default=64, ge=0)
+    stop: Optional[Union[str, List[str]]] = None
+    seed: Optional[int] = None
+    stream: bool = False
+    stream_options: Optional[dict] = None
+    n: int = Field(default=1, ge=1, le=1)
+
+
+class CompletionRequest(_GenRequest):
+    prompt: Union[str, List[int], List[str]]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: Optional[Union[str, List[dict]]] = None
+
+
+class ChatRequest(_GenRequest):
+    messages: List[ChatMessage] = Field(min_length=1)
+
+
+class TokenizeRequest(BaseModel):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    tokens: List[int]
+
+
+def _validation_api_error(errs: Any) -> APIError:
+    e = errs[0] if errs else {}
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    param = ".".join(loc) or None
+    msg = e.get("msg", "invalid request")
+    if e.get("type") == "missing":
+        return APIError(400, f"missing required field '{param}'", param=param, code="missing_field")
+    return APIError(400, f"'{param}': {msg}" if param else msg, param=param, code="invalid_value")
+
+
+async def _parse(request: Request, model: type[BaseModel]) -> Any:
+    """The JSON body as ``model`` (whatever the Content-Type); APIError 400 when it is not."""
+    body = await request.body()
+    try:
+        obj = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        raise _validation_api_error(e.errors()) from None
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+class Metrics:
+    """Counters since the server started, rendered in Prometheus text format."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: dict[str, int] = {}
+        self.errors = 0
+        self.cancelled = 0
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.prefill_s = 0.0
+        self.decode_s = 0.0
+        self.last_decode_tok_s = 0.0
+        self.spec_rounds = 0
+        self.spec_drafted = 0
+        self.spec_accepted = 0
+        self.drafted_at = [0] * MAX_POSITIONS
+        self.accepted_at = [0] * MAX_POSITIONS
+        self.processing = 0
+
+    def count_request(self, endpoint: str) -> None:
+        with self.lock:
+            self.requests[endpoint] = self.requests.get(endpoint, 0) + 1
+
+    def add(self, n_prompt: int, n_gen: int, res: GenerationResult | None, cancelled: bool) -> None:
+        with self.lock:
+            self.prompt_tokens += n_prompt
+            self.generated_tokens += n_gen
+            self.cancelled += int(cancelled)
+            if res is None:
+                return
+            t = res.timings
+            self.prefill_s += t.get("prefill_s", 0.0)
+            self.decode_s += t.get("decode_s", 0.0)
+            self.last_decode_tok_s = t.get("decode_tok_s", 0.0)
+            s = res.spec
+            if s:
+                self.spec_rounds += int(s.get("rounds", 0))
+                self.spec_drafted += int(s.get("drafted", 0))
+                self.spec_accepted += int(s.get("accepted", 0))
+                for i, v in enumerate(s.get("drafted_per_position", [])[:MAX_POSITIONS]):
+                    self.drafted_at[i] += int(v)
+                for i, v in enumerate(s.get("accepted_per_position", [])[:MAX_POSITIONS]):
+                    self.accepted_at[i] += int(v)
+
+    def render(self, loaded: bool) -> str:
+        with self.lock:
+            lines: list[str] = []
+
+            def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+                lines.append(f"# HELP pyminfer_{name} {help_}")
+                lines.append(f"# TYPE pyminfer_{name} {kind}")
+                for labels, v in samples:
+                    lines.append(f"pyminfer_{name}{labels} {v:g}" if isinstance(v, float) else
+                                 f"pyminfer_{name}{labels} {v}")
+
+            metric("model_loaded", "gauge", "1 when the model is loaded.", [("", int(loaded))])
+            metric("requests_total", "counter", "Generation requests received, by endpoint.",
+                   [(f'{{endpoint="{k}"}}', v) for k, v in sorted(self.requests.items())] or [("", 0)])
+            metric("request_errors_total", "counter", "Requests answered with an error.", [("", self.errors)])
+            metric("requests_cancelled_total", "counter", "Generations stopped by a client disconnect.",
+                   [("", self.cancelled)])
+            metric("requests_processing", "gauge", "Generation requests running or queued.", [("", self.processing)])
+            metric("prompt_tokens_total", "counter", "Prompt tokens processed.", [("", self.prompt_tokens)])
+            metric("tokens_predicted_total", "counter", "Tokens generated.", [("", self.generated_tokens)])
+            metric("prompt_seconds_total", "counter", "Prefill time.", [("", float(self.prefill_s))])
+            metric("tokens_predicted_seconds_total", "counter", "Decode time.", [("", float(self.decode_s))])
+            metric("prompt_tokens_per_second", "gauge", "Average prefill throughput.",
+                   [("", float(self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0))])
+            metric("predicted_tokens_per_second", "gauge", "Average decode throughput.",
+                   [("", float(self.generated_tokens / self.decode_s if self.decode_s else 0.0))])
+            metric("last_predicted_tokens_per_second", "gauge", "Decode throughput of the last request.",
+                   [("", float(self.last_decode_tok_s))])
+            metric("spec_rounds_total", "counter", "Speculative rounds (drafts verified).", [("", self.spec_rounds)])
+            metric("spec_draft_tokens_total", "counter", "Draft tokens proposed.", [("", self.spec_drafted)])
+            metric("spec_accepted_tokens_total", "counter", "Draft tokens accepted.", [("", self.spec_accepted)])
+            metric("spec_acceptance_rate", "gauge", "Accepted / proposed draft tokens.",
+                   [("", float(self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0))])
+            metric("spec_draft_tokens_at_position_total", "counter", "Draft tokens proposed at each draft position.",
+                   [(f'{{position="{i + 1}"}}', v) for i, v in enumerate(self.drafted_at)])
+            metric("spec_accepted_tokens_at_position_total", "counter", "Draft tokens accepted at each draft position.",
+                   [(f'{{position="{i + 1}"}}', v) for i, v in enumerate(self.accepted_at)])
+            return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- state
+class ServerState:
+    """The model (None while loading), the single worker thread and the metrics."""
+
+    def __init__(self, loader: Callable[[], LLM], aliases: list[str] | None = None):
+        self.loader = loader
+        self.aliases = [a for a in (aliases or []) if a]
+        self.llm: LLM | None = None
+        self.load_error: str | None = None
+        self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyminfer-gen")
+        self.metrics = Metrics()
+        self.on_load_error: Callable[[BaseException], None] | None = None
+        self.created = int(time.time())
+
+    def load(self) -> None:
+        try:
+            llm = self.loader()
+        except BaseException as e:  # noqa: BLE001 - reported through /health and the log
+            self.load_error = f"{type(e).__name__}: {e}"
+            from .engine import log
+
+            log(f"pyminfer: error: loading the model failed: {self.load_error}")
+            if self.on_load_error:
+                self.on_load_error(e)
+            return
+        self.llm = llm
+
+    @property
+    def model_id(self) -> str:
+        if self.aliases:
+            return self.aliases[0]
+        return self.llm.name if self.llm else "pyminfer"
+
+    def names(self) -> set[str]:
+        out = set(self.aliases)
+        if self.llm is not None:
+            p = self.llm.model_path
+            out |= {p.name, p.stem, str(p)}
+            from .models import MODELS
+
+            out |= {k for k, v in MODELS.items() if v.filename == p.name}
+        return out
+
+    def require(self) -> LLM:
+        if self.llm is None:
+            if self.load_error:
+                raise APIError(503, f"the model failed to load: {self.load_error}", type="server_error",
+                               code="model_load_failed")
+            raise _loading_error()
+        return self.llm
+
+
+def _params(req: _GenRequest) -> SamplingParams:
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    p = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
+                       repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n, seed=req.seed, stop=stop)
+    try:
+        p.validate()
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+    return p
+
+
+def _usage(n_prompt: int, n_gen: int) -> dict[str, int]:
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+
+
+def _timings(res: GenerationResult) -> dict[str, Any]:
+    t = res.timings
+    out = {"prompt_n": int(t.get("prefill_tokens", 0)), "prompt_ms": 1000 * t.get("prefill_s", 0.0),
+           "prompt_per_second": t.get("prefill_tok_s", 0.0), "predicted_n": len(res.generated_ids),
+           "predicted_ms": 1000 * t.get("decode_s", 0.0), "predicted_per_second": t.get("decode_tok_s", 0.0)}
+    if res.spec:
+        out["draft_n"] = res.spec.get("drafted", 0)
+        out["draft_n_accepted"] = res.spec.get("accepted", 0)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- app
+def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
+    """The FastAPI app over ``state``; with ``load_on_startup`` the model loads in a background
+    thread once the server is up (/health says 503 until then)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if load_on_startup and state.llm is None:
+            threading.Thread(target=state.load, name="pyminfer-load", daemon=True).start()
+        yield
+        state.worker.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="pyminfer", lifespan=lifespan)
+    app.state.pyminfer = state
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        with state.metrics.lock:
+            state.metrics.errors += 1
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        with state.metrics.lock:
+            state.metrics.errors += 1
+        return _validation_api_error(exc.errors()).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        typ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), type=typ).response()
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+        with state.metrics.lock:
+            state.metrics.errors += 1
+        return APIError(500, f"{type(exc).__name__}: {exc}", type="server_error").response()
+
+    # ------------------------------------------------------------------ info
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.llm is None:
+            if state.load_error:
+                return JSONResponse({"status": "error", "error": state.load_error}, status_code=503)
+            return JSONResponse({"status": "loading model"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models() -> JSONResponse:
+        llm = state.require()
+        return JSONResponse({"object": "list", "data": [{
+            "id": state.model_id, "object": "model", "created": state.created, "owned_by": "pyminfer",
+            "meta": {"file": llm.name, "n_ctx": llm.n_ctx, "n_vocab": llm.tokenizer.n_vocab, "device": llm.device,
+                     "draft": llm.draft.gguf.path.name if llm.draft is not None else None}}]})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(state.metrics.render(state.llm is not None),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        req = await _parse(request, TokenizeRequest)
+        llm = state.require()
+        ids = llm.tokenize(req.content, parse_special=req.parse_special, add_bos=req.add_special or None)
+        if not req.add_special and llm.tokenizer.add_bos and ids[:1] == [llm.tokenizer.bos_id]:
+            ids = llm.tokenize(req.content, parse_special=req.parse_special, add_bos=False)
+        if req.with_pieces:
+            tok = llm.tokenizer
+            return JSONResponse({"tokens": [{"id": i, "piece": tok.decode([i])} for i in ids]})
+        return JSONResponse({"tokens": ids})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        req = await _parse(request, DetokenizeRequest)
+        llm = state.require()
+        try:
+            return JSONResponse({"content": llm.detokenize(req.tokens)})
+        except ValueError as e:
+            raise APIError(400, str(e), param="tokens") from None
+
+    # ------------------------------------------------------------------ generation
+    def check_model(req: _GenRequest) -> LLM:
+        llm = state.require()
+        if req.model and req.model not in state.names():
+            raise APIError(404, f"The model '{req.model}' does not exist (this server serves '{state.model_id}')",
+                           param="model", code="model_not_found")
+        return llm
+
+    def check_prompt(llm: LLM, ids: list[int]) -> None:
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if len(ids) >= llm.n_ctx:
+            raise APIError(400, f"the prompt has {len(ids)} tokens; this model's context holds {llm.n_ctx} "
+                           "(at least one position must stay free)", param="prompt",
+                           code="context_length_exceeded")
+
+    def max_tokens(req: _GenRequest, llm: LLM, n_prompt: int, default: int | None) -> int:
+        m = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
+        if m is None:
+            m = default if default is not None else llm.n_ctx - n_prompt
+        return int(m)
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions(request: Request) -> Any:
+        req = await _parse(request, CompletionRequest)
+        state.metrics.count_request("completions")
+        llm = check_model(req)
+        p = req.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str):
+            if len(p) != 1:
+                raise APIError(400, "only one prompt per request is supported", param="prompt")
+            p = p[0]
+        try:
+            ids = llm.prompt_ids(p)
+        except (TypeError, ValueError) as e:
+            raise APIError(400, str(e), param="prompt") from None
+        check_prompt(llm, ids)
+        params = _params(req)
+        n = max_tokens(req, llm, len(ids), 16)
+        cid = f"cmpl-{uuid.uuid4().hex}"
+
+        def piece(text: str, finish: str | None) -> dict[str, Any]:
+            return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
+                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+
+        if req.stream:
+            def first() -> list[dict[str, Any]]:
+                return []
+
+            def delta(text: str) -> dict[str, Any]:
+                return piece(text, None)
+
+            def final(res: GenerationResult) -> dict[str, Any]:
+                d = piece("", res.finish_reason)
+                d["usage"] = _usage(len(ids), len(res.generated_ids))
+                d["timings"] = _timings(res)
+                return d
+
+            return _sse(state, request, llm, ids, params, n, first, delta, final, req, piece)
+        res = await _run(state, request, llm, ids, params, n)
+        out = piece(res.text, res.finish_reason)
+        out["usage"] = _usage(len(ids), len(res.generated_ids))
+        out["timings"] = _timings(res)
+        return JSONResponse(out)
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        req = await _parse(request, ChatRequest)
+        state.metrics.count_request("chat_completions")
+        llm = check_model(req)
+        msgs = [m.model_dump(exclude_none=True) for m in req.messages]
+        try:
+            text = llm.apply_chat_template(msgs, add_generation_prompt=True)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages") from None
+        ids = llm.tokenize(text, parse_special=True)
+        check_prompt(llm, ids)
+        params = _params(req)
+        n = max_tokens(req, llm, len(ids), None)
+        cid = f"chatcmpl-{uuid.uuid4().hex}"
+
+        def piece(d: dict[str, Any], finish: str | None, obj: str = "chat.completion.chunk") -> dict[str, Any]:
+            return {"id": cid, "object": obj, "created": int(time.time()), "model": state.model_id,
+                    "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]}
+
+        if req.stream:
+            def first() -> list[dict[str, Any]]:
+                return [piece({"role": "assistant", "content": ""}, None)]
+
+            def delta(text: str) -> dict[str, Any]:
+                return piece({"content": text}, None)
+
+            def final(res: GenerationResult) -> dict[str, Any]:
+                d = piece({}, res.finish_reason)
+                d["usage"] = _usage(len(ids), len(res.generated_ids))
+                d["timings"] = _timings(res)
+                return d
+
+            def usage_only(_: str, __: None) -> dict[str, Any]:
+                return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+                        "model": state.model_id, "choices": []}
+
+            return _sse(state, request, llm, ids, params, n, first, delta, final, req, usage_only)
+        res = await _run(state, request, llm, ids, params, n)
+        out = {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,
+                            "finish_reason": res.finish_reason}],
+               "usage": _usage(len(ids), len(res.generated_ids)), "timings": _timings(res)}
+        return JSONResponse(out)
+
+    return app
+
+
+# ---------------------------------------------------------------------------------------------- running jobs
+def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n: int, cancel: threading.Event,
+         emit: Callable[[Chunk], None] | None) -> GenerationResult | None:
+    """Runs in the single worker thread: one generation, stopped early when ``cancel`` is set."""
+    if cancel.is_set():
+        state.metrics.add(0, 0, None, True)
+        return None
+    res: GenerationResult | None = None
+    n_gen = 0
+    it = llm.generate(ids, max_tokens=n, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                      min_p=params.min_p, repeat_penalty=params.repeat_penalty, repeat_last_n=params.repeat_last_n,
+                      seed=params.seed, stop=params.stop, stream=True)
+    assert not isinstance(it, GenerationResult)
+    try:
+        for ch in it:
+            n_gen += len(ch.token_ids)
+            if ch.result is not None:
+                res = ch.result
+            elif emit is not None:
+                emit(ch)
+            if cancel.is_set():
+                break
+    finally:
+        it.close()  # type: ignore[attr-defined]
+    if res is not None:
+        n_gen = len(res.generated_ids)
+    state.metrics.add(len(ids), n_gen, res, res is None)
+    return res
+
+
+async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams,
+               n: int) -> GenerationResult:
+    """A non-streaming generation; a client that goes away cancels it."""
+    cancel = threading.Event()
+    loop = asyncio.get_running_loop()
+    with state.metrics.lock:
+        state.metrics.processing += 1
+    try:
+        fut = loop.run_in_executor(state.worker, _job, state, llm, ids, params, n, cancel, None)
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=0.5)
+            if done:
+                break
+            if await request.is_disconnected():
+                cancel.set()
+        res = fut.result()
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
+    finally:
+        with state.metrics.lock:
+            state.metrics.processing -= 1
+    if res is None:
+        raise APIError(499, "the client closed the request", code="client_closed")
+    return res
+
+
+def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams, n: int,
+         first: Callable[[], list[dict[str, Any]]], delta: Callable[[str], dict[str, Any]],
+         final: Callable[[GenerationResult], dict[str, Any]], req: _GenRequest,
+         usage_piece: Callable[..., dict[str, Any]]) -> StreamingResponse:
+    """A streaming generation as server-sent events: ``data: {json}`` chunks then ``data: [DONE]``.
+    The generation stops at the next token when the client disconnects."""
+    loop = asyncio.get_running_loop()
+    cancel = threading.Event()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def put(item: tuple[str, Any]) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop is gone (server shutting down)
+            cancel.set()
+
+    def work() -> None:
+        try:
+            res = _job(state, llm, ids, params, n, cancel, lambda ch: put(("chunk", ch.text)))
+            put(("done", res))
+        except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
+            put(("error", e))
+
+    with state.metrics.lock:
+        state.metrics.processing += 1
+    loop.run_in_executor(state.worker, work)
+    include_usage = bool((req.stream_options or {}).get("include_usage"))
+
+    def sse(obj: Any) -> bytes:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            for d in first():
+                yield sse(d)
+            while True:
+                kind, val = await queue.get()
+                if kind == "chunk":
+                    if val:
+                        yield sse(delta(val))
+                elif kind == "done":
+                    if val is None:
+                        return
+                    fin = final(val)
+                    yield sse(fin)
+                    if include_usage:
+                        u = usage_piece("", None)
+                        u["choices"] = []
+                        u["usage"] = fin["usage"]
+                        yield sse(u)
+                    yield b"data: [DONE]\n\n"
+                    return
+                else:
+                    err = val if isinstance(val, APIError) else APIError(500, f"{type(val).__name__}: {val}",
+                                                                         type="server_error")
+                    yield sse(err.body())
+                    yield b"data: [DONE]\n\n"
+                    return
+        finally:
+            cancel.set()  # a disconnect (or any early exit) stops the generation at the next token
+            with state.metrics.lock:
+                state.metrics.processing -= 1
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def main_serve(args: Any) -> int:
+    """``pyminfer serve``: start uvicorn at once, load the model in a background thread."""
+    import uvicorn
+
+    from .cli import _load
+
+    def loader() -> LLM:
+        model, draft = _load(args)
+        return LLM.from_models(model, draft, spec_draft_n=getattr(args, "spec_draft_n", 4),
+                               spec_adaptive=bool(getattr(args, "spec_draft_adaptive", False)))
+
+    from .models import DEFAULT_MODEL
+
+    state = ServerState(loader, aliases=[args.model or DEFAULT_MODEL])
+    app = create_app(state)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,
+                            timeout_graceful_shutdown=3)
+    server = uvicorn.Server(config)
+    failed: list[BaseException] = []
+
+    def on_fail(e: BaseException) -> None:
+        failed.append(e)
+        server.should_exit = True
+
+    state.on_load_error = on_fail
+    server.run()
+    if state.llm is not None:
+        state.llm.close()
+    return 1 if failed else 0

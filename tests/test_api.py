@@ -1,0 +1,136 @@
+"""pyminfer.LLM (the Python API) on SmolLM2-135M, CPU, short generations."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyminfer import LLM
+from pyminfer.engine import ContextFull
+from pyminfer.generate import Chunk, GenerationResult
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with LLM("smollm2-135m", device="cpu", n_ctx=256) as m:
+        yield m
+
+
+def test_generate_result(llm):
+    r = llm.generate(PROMPT, max_tokens=5, temperature=0)
+    assert isinstance(r, GenerationResult)
+    assert r.prompt_ids == llm.tokenize(PROMPT)
+    assert 1 <= len(r.generated_ids) <= 5
+    assert r.finish_reason in ("stop", "length")
+    if r.finish_reason == "length":
+        assert r.stop_reason == "max_tokens" and len(r.generated_ids) == 5
+    assert r.text == llm.detokenize(r.generated_ids, skip_special=True)
+    assert "Paris" in r.text
+    assert r.timings["prefill_tokens"] == len(r.prompt_ids)
+    assert r.spec is None
+
+
+def test_temperature0_deterministic_and_stream_equal(llm):
+    a = llm.generate(PROMPT, max_tokens=6, temperature=0)
+    b = llm.generate(PROMPT, max_tokens=6, temperature=0, top_k=1, seed=123)
+    assert a.generated_ids == b.generated_ids and a.text == b.text
+    chunks = list(llm.generate(PROMPT, max_tokens=6, temperature=0, stream=True))
+    assert all(isinstance(c, Chunk) for c in chunks)
+    assert chunks[-1].result is not None and all(c.result is None for c in chunks[:-1])
+    assert "".join(c.text for c in chunks) == a.text
+    assert chunks[-1].result.generated_ids == a.generated_ids
+    # a prompt given as ids gives the same answer
+    c = llm.generate(llm.tokenize(PROMPT), max_tokens=6, temperature=0)
+    assert c.generated_ids == a.generated_ids
+
+
+def test_seeded_sampling_repeats(llm):
+    a = llm.generate("Once upon a time", max_tokens=5, temperature=1.0, seed=7)
+    b = llm.generate("Once upon a time", max_tokens=5, temperature=1.0, seed=7)
+    assert a.generated_ids == b.generated_ids
+
+
+def test_stop_string(llm):
+    full = llm.generate(PROMPT, max_tokens=6, temperature=0)
+    assert "." in full.text
+    r = llm.generate(PROMPT, max_tokens=6, temperature=0, stop=".")
+    assert r.finish_reason == "stop" and r.stop_reason == "stop_string"
+    assert r.text == full.text[:full.text.index(".")]
+
+
+def test_chat(llm):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    r = llm.chat(msgs, max_tokens=6, temperature=0)
+    text = llm.apply_chat_template(msgs)
+    assert "<|im_start|>assistant" in text
+    assert r.prompt_ids == llm.tokenize(text)
+    assert r.text.strip()
+    s = "".join(c.text for c in llm.chat(msgs, max_tokens=6, temperature=0, stream=True))
+    assert s == r.text
+    # OpenAI-style content parts are accepted
+    r2 = llm.chat([{"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}],
+                  max_tokens=6, temperature=0)
+    assert r2.generated_ids == r.generated_ids
+
+
+def test_tokenize_detokenize(llm):
+    ids = llm.tokenize("Hello world")
+    assert ids == [19556, 905]
+    assert llm.detokenize(ids) == "Hello world"
+    assert len(llm.tokenize("<|im_start|>")) == 1
+    assert len(llm.tokenize("<|im_start|>", parse_special=False)) > 1
+
+
+def test_errors(llm):
+    with pytest.raises(ValueError):
+        llm.generate(PROMPT, max_tokens=-1)
+    with pytest.raises(ValueError):
+        llm.generate("", max_tokens=2)
+    with pytest.raises(ContextFull):
+        llm.generate("hello " * 300, max_tokens=2)
+    with pytest.raises(TypeError):
+        llm.generate(12345, max_tokens=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        llm.generate([1, 2, 10**9], max_tokens=2)
+    with pytest.raises(ValueError):
+        llm.generate(PROMPT, max_tokens=2, top_p=2.0)
+    with pytest.raises(ValueError):
+        llm.detokenize([-1])
+    with pytest.raises(ValueError):
+        llm.chat([], max_tokens=2)
+    # still usable afterwards
+    assert llm.generate(PROMPT, max_tokens=1, temperature=0).generated_ids
+
+
+def test_stream_in_same_thread_is_refused(llm):
+    it = llm.generate(PROMPT, max_tokens=4, temperature=0, stream=True)
+    next(it)
+    with pytest.raises(RuntimeError):
+        llm.generate(PROMPT, max_tokens=1)
+    it.close()
+    assert llm.generate(PROMPT, max_tokens=1, temperature=0).generated_ids
+
+
+def test_close_and_context_manager():
+    with LLM("smollm2-135m", device="cpu", n_ctx=64) as m:
+        assert "smollm2" in repr(m)
+        assert m.generate("Hi", max_tokens=1, temperature=0).generated_ids
+    assert repr(m) == "LLM(closed)"
+    with pytest.raises(RuntimeError):
+        m.generate("Hi", max_tokens=1)
+    m.close()  # idempotent
+
+
+def test_unknown_model():
+    with pytest.raises(FileNotFoundError):
+        LLM("/nonexistent/model.gguf", device="cpu")
+
+
+def test_speculative_equals_plain(llm):
+    # the model as its own draft: same vocabulary, so the plumbing and statistics can be checked
+    plain = llm.generate(PROMPT, max_tokens=6, temperature=0)
+    with LLM("smollm2-135m", draft_model="smollm2-135m", device="cpu", n_ctx=256, spec_draft_n=3) as m:
+        r = m.generate(PROMPT, max_tokens=6, temperature=0)
+        assert r.generated_ids == plain.generated_ids
+        assert r.spec is not None and r.spec["drafted"] > 0 and r.spec["accepted"] > 0

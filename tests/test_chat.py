@@ -1,0 +1,116 @@
+"""``pyminfer chat``: the session's KV-cache reuse (in process) and the terminal loop through a
+pseudo-terminal (pexpect): two turns, Ctrl-C, /clear, /exit."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from pyminfer.chat import ChatSession, common_prefix
+from pyminfer.engine import Model
+from pyminfer.generate import generate
+from pyminfer.models import ensure_model
+from pyminfer.sampling import SamplingParams
+
+MODEL = "smollm2-135m"
+STATS = re.compile(r"\[(\d+) tok, [\d.]+ tok/s \| prompt (\d+) tok \((\d+) cached[^\]]*\]")
+
+
+@pytest.fixture(scope="module")
+def model():
+    with Model(ensure_model(MODEL, progress=False), device="cpu", n_ctx=512) as m:
+        yield m
+
+
+def _reply(session: ChatSession, text: str):
+    for _ in session.send(text):
+        pass
+    return session.finish_turn()
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_second_turn_reuses_cache_and_matches_fresh(model):
+    s = ChatSession(model, params=SamplingParams(temperature=0), max_tokens=6)
+    r1 = _reply(s, "What is the capital of France?")
+    assert r1 is not None and r1.generated_ids
+    seq1 = r1.prompt_ids + r1.generated_ids
+    r2 = _reply(s, "And of Germany?")
+    # the second prompt continues the first prompt + reply, so only the new message is prefilled
+    n_keep = len(r1.prompt_ids) + len(r1.generated_ids) - 1
+    assert r2.prompt_ids[:n_keep] == seq1[:n_keep]
+    assert r2.timings["prefill_tokens"] == len(r2.prompt_ids) - n_keep
+    # ... and the answer equals a generation from an empty cache on the same prompt
+    fresh = generate(model, r2.prompt_ids, SamplingParams(temperature=0), 6)
+    assert fresh.generated_ids == r2.generated_ids
+    assert [m["role"] for m in s.messages] == ["user", "assistant", "user", "assistant"]
+    s.clear()
+    assert s.messages == [] and s.cache_ids == []
+    r3 = _reply(s, "What is the capital of France?")
+    assert r3.generated_ids == r1.generated_ids
+
+
+def test_system_message_and_stop_early(model):
+    s = ChatSession(model, params=SamplingParams(temperature=0), max_tokens=50, system="Answer briefly.")
+    it = s.send("Tell me a story.")
+    next(it)
+    it.close()  # what Ctrl-C does: the reply stops, the session stays usable
+    assert s.finish_turn() is None
+    assert s.messages[0] == {"role": "system", "content": "Answer briefly."}
+    assert s.messages[-1]["role"] == "assistant"
+    r = _reply(s, "Thanks!")
+    assert r is not None and r.timings["prefill_tokens"] < len(r.prompt_ids)
+
+
+def test_chat_terminal():
+    pexpect = pytest.importorskip("pexpect")
+    ensure_model(MODEL, progress=False)
+    c = pexpect.spawn(sys.executable, ["-m", "pyminfer", "chat", "-m", MODEL, "--device", "cpu", "-c", "512",
+                                       "--temp", "0", "-n", "300"], encoding="utf-8", timeout=120,
+                      dimensions=(40, 200))
+    try:
+        c.expect_exact("> ")
+        c.sendline("What is the capital of France? One word.")
+        c.expect(STATS)
+        assert int(c.match.group(3)) == 0
+        c.expect_exact("> ")
+        c.sendline("And of Germany? One word.")
+        c.expect(STATS)
+        n_prompt, n_cached = int(c.match.group(2)), int(c.match.group(3))
+        assert 0 < n_cached < n_prompt  # the first turn stayed in the KV cache
+        c.expect_exact("> ")
+        # Ctrl-C stops a long reply and keeps the session
+        c.sendline("Write a very long story about a dragon and a knight.")
+        c.expect_exact("knight.\r\n")  # the echo of the input line
+        c.expect(r"\w+ \w+ \w+")  # some of the reply is out
+        c.sendintr()
+        c.expect(r"\[[^\]]*interrupted\]")
+        c.expect_exact("> ")
+        c.sendline("/clear")
+        c.expect_exact("(conversation cleared)")
+        c.expect_exact("> ")
+        c.sendline("Hi!")
+        c.expect(STATS)
+        assert int(c.match.group(3)) == 0  # a cleared conversation starts from nothing
+        c.expect_exact("> ")
+        c.sendline("/exit")
+        c.expect(pexpect.EOF)
+    finally:
+        c.close(force=True)
+    assert c.exitstatus == 0
+
+
+def test_speculative_session(model):
+    with Model(ensure_model(MODEL, progress=False), device="cpu", n_ctx=512) as draft:
+        s = ChatSession(model, draft, params=SamplingParams(temperature=0), max_tokens=6, spec_draft_n=3)
+        r1 = _reply(s, "What is the capital of France?")
+        r2 = _reply(s, "And of Germany?")
+        assert r1.spec is not None and r2.spec is not None and r2.spec["drafted"] > 0
+        fresh = generate(model, r2.prompt_ids, SamplingParams(temperature=0), 6)
+        assert fresh.generated_ids == r2.generated_ids
