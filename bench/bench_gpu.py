@@ -121,10 +121,45 @@ def qwen_types(n_layer):
     return dict(embd=Q6_K, output=Q6_K, q=Q4_K, k=Q4_K, v=half, o=Q4_K, gate=Q4_K, up=Q4_K, down=half)
 
 
+def qwen05_types(n_layer):
+    """The real 0.5B's mix: 896 is not a multiple of 256, so 32-wide blocks (Q5_0, Q8_0 for v and the
+    LM head); ffn_down (4864 columns) is Q6_K / Q4_K."""
+    half = [Q6_K if i % 2 == 0 else Q4_K for i in range(n_layer)]
+    return dict(embd=Q8_0, output=Q8_0, q=Q5_0, k=Q5_0, v=Q8_0, o=Q5_0, gate=Q5_0, up=Q5_0, down=half)
+
+
 SHAPES = {
+    "0.5b": dict(n_layer=24, n_embd=896, n_ff=4864, n_head=14, n_head_kv=2, head_dim=64, n_vocab=151936),
     "1.5b": dict(n_layer=28, n_embd=1536, n_ff=8960, n_head=12, n_head_kv=2, head_dim=128, n_vocab=151936),
     "7b": dict(n_layer=28, n_embd=3584, n_ff=18944, n_head=28, n_head_kv=4, head_dim=128, n_vocab=152064),
+    "14b": dict(n_layer=48, n_embd=5120, n_ff=13824, n_head=40, n_head_kv=8, head_dim=128, n_vocab=152064),
 }
+
+
+def types_for(name):
+    return qwen05_types(SHAPES[name]["n_layer"]) if name == "0.5b" else qwen_types(SHAPES[name]["n_layer"])
+
+
+def verify_curve(ctx, max_nt=16, reps=30, depth=256):
+    """Median seconds of one nt-token forward (argmax of every row), nt = 1..max_nt, interleaved."""
+    prefill(ctx, depth)
+    for nt in range(1, max_nt + 1):  # capture graphs / warm every nt first
+        decode_times(ctx, 2, start_pos=depth, nt=nt)
+    res = {nt: [] for nt in range(1, max_nt + 1)}
+    for _ in range(reps):
+        for nt in range(1, max_nt + 1):
+            res[nt] += decode_times(ctx, 1, start_pos=depth, nt=nt)
+    return {nt: statistics.median(v) for nt, v in res.items()}
+
+
+def spec_prediction(curve, c_draft, p_cond, max_d=7):
+    """Predicted speedup over sequential for d = 0..max_d (seeds' cost model): a round costs
+    C_T(d+1) + d*C_D(1) and yields 1 + sum_{i<=d} prod_{j<=i} p_j tokens."""
+    out = {}
+    for d in range(0, max_d + 1):
+        exp_tok = 1.0 + float(np.sum(np.cumprod(p_cond[:d]))) if d else 1.0
+        out[d] = exp_tok / (curve[d + 1] + d * c_draft) * curve[1]
+    return out
 
 
 def decode_times(ctx, n_tokens, start_pos=0, nt=1):
@@ -158,14 +193,19 @@ def main():
     ap.add_argument("--depth", type=int, default=4096)
     ap.add_argument("--profile", action="store_true", help="per-op GPU time of 1.5b decode (no graphs)")
     ap.add_argument("--ab", action="store_true", help="1.5b tg with q/k/v as separate launches, same machine")
+    ap.add_argument("--curve", action="store_true", help="verify cost curve C_T(nt)/C_T(1), nt = 1..16")
+    ap.add_argument("--accept", default=None,
+                    help="JSON file {category: [conditional acceptance p_1..p_7]} measured on the real pair: "
+                         "prints the cost-model speedup per d with the 0.5b shape as the draft")
     args = ap.parse_args()
+    curves = {}
     print("device:", _core.cuda_device_name())
     rows = []
     for name in args.models.split(","):
         shp = SHAPES[name]
         rng = np.random.default_rng(0)
         t0 = time.time()
-        cfg, tensors, keep, per_token = synthetic_model(rng, types=qwen_types(shp["n_layer"]), **shp)
+        cfg, tensors, keep, per_token = synthetic_model(rng, types=types_for(name), **shp)
         t1 = time.time()
         ctx = _core.Context(cfg, tensors, args.depth + 512, 64, 0, 1, keep)
         t2 = time.time()
@@ -186,6 +226,8 @@ def main():
         prefill(ctx, 512, nt=64)
         dt = time.perf_counter() - t0
         rows.append((name, "prefill 512 (nt=64)", 512 / dt, float("nan"), dt * 1e3))
+        if args.curve:
+            curves[name] = verify_curve(ctx)
         ctx.close()
         del keep, tensors
     import os
@@ -215,6 +257,26 @@ def main():
     print(f"{'model':6} {'what':22} {'tok/s':>10} {'% roofline':>11} {'best ms':>9}")
     for r in rows:
         print(f"{r[0]:6} {r[1]:22} {r[2]:10.1f} {r[3]:11.1f} {r[4]:9.3f}")
+    if curves:
+        print()
+        print("verify cost curve C_T(nt)/C_T(1) at depth 256 (C_T(1) in ms)")
+        print("nt    " + " ".join(f"{n:>7}" for n in curves))
+        for nt in range(1, 17):
+            print(f"{nt:<5} " + " ".join(f"{c[nt] / c[1]:7.3f}" for c in curves.values()))
+        print("C_T(1) " + " ".join(f"{c[1] * 1e3:7.3f}" for c in curves.values()))
+    if args.accept and "0.5b" in curves:
+        import json
+        acc = {k: v for k, v in json.load(open(args.accept)).items() if not k.startswith("_")}
+        c_draft = curves["0.5b"][1]
+        print()
+        print(f"cost-model speedup over sequential (draft = 0.5b shape, C_D(1) = {c_draft * 1e3:.3f} ms)")
+        for name, c in curves.items():
+            if name == "0.5b":
+                continue
+            for cat, p in acc.items():
+                pred = spec_prediction(c, c_draft, np.array(p, dtype=float))
+                best = max(pred, key=pred.get)
+                print(f"{name:5} {cat:6} " + " ".join(f"d{d}={v:.2f}" for d, v in pred.items()) + f"  best d={best}")
 
 
 if __name__ == "__main__":

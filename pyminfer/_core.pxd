@@ -25,6 +25,7 @@ cdef extern from "pyminfer.h" nogil:
     const char *mi_last_error()
     int mi_cuda_available()
     const char *mi_cuda_device_name()
+    double mi_cuda_copy_bandwidth()
     int mi_ctx_create(const mi_model_desc *desc, int32_t n_ctx, int32_t max_nt, int32_t n_threads, int32_t device,
                       mi_ctx **out)
     void mi_ctx_free(mi_ctx *ctx)

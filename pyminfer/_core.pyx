@@ -61,6 +61,17 @@ def cuda_device_name() -> str:
     return mi_cuda_device_name().decode()
 
 
+def cuda_copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth of CUDA device 0 in bytes/s (read + write); raises
+    RuntimeError when there is no CUDA device."""
+    cdef double bw
+    with nogil:
+        bw = mi_cuda_copy_bandwidth()
+    if bw <= 0:
+        raise RuntimeError("no CUDA device to measure")
+    return bw
+
+
 cdef class Context:
     """One model instance on one device: KV cache, scratch, (CUDA) uploaded weights and graphs.
 

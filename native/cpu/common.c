@@ -63,4 +63,5 @@ int mi_type_supported(int32_t t) { return mi_type_block_bytes(t) != 0; }
 #ifndef MI_HAS_CUDA
 int mi_cuda_available(void) { return 0; }
 const char *mi_cuda_device_name(void) { return ""; }
+double mi_cuda_copy_bandwidth(void) { return -1.0; }
 #endif

@@ -53,6 +53,8 @@ const char *mi_last_error(void);
 int mi_cuda_available(void);
 /* Name of the CUDA device 0 (empty string when none). */
 const char *mi_cuda_device_name(void);
+/* Device-to-device copy bandwidth of CUDA device 0 in bytes/s (read + write), -1 when unavailable. */
+double mi_cuda_copy_bandwidth(void);
 
 /* Create an inference context: KV cache for n_ctx positions, scratch for up to max_nt tokens per
  * forward. CPU: weights are borrowed (the mmap must outlive the ctx). CUDA: weights uploaded once.
