@@ -8,21 +8,17 @@ the bookkeeping of which positions hold valid K/V (``n_past``); rolling back is 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-# libgomp spins waiting for work between parallel regions; on a loaded 2-core machine pure
-# spinning collapses throughput, so spin briefly then sleep (set before the runtime loads).
-os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from . import _core  # noqa: E402
-from .gguf_model import GGUFModel  # noqa: E402
-from .tokenizer import Tokenizer  # noqa: E402
+from . import _core
+from .gguf_model import GGUFModel
+from .tokenizer import Tokenizer
 
 
 def resolve_device(device: str) -> int:
