@@ -134,9 +134,10 @@ def test_concurrent_clients_equal_solo(client):
                                               temperature=0).choices[0].message.content
 
     solo = {("c", p): complete(p) for p in prompts} | {("m", q): chat(q) for q in chats}
-    jobs = [("c", p) for p in prompts] * 3 + [("m", q) for q in chats] * 2  # 16 requests
+    jobs = ([("c", p) for p in prompts] * 13 + [("m", q) for q in chats] * 24)[:100]  # 100 requests in all
     with concurrent.futures.ThreadPoolExecutor(8) as ex:
         outs = list(ex.map(lambda j: complete(j[1]) if j[0] == "c" else chat(j[1]), jobs))
+    assert len(outs) == 100
     for j, o in zip(jobs, outs):
         assert o == solo[j], j
 
