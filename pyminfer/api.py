@@ -57,13 +57,13 @@ class LLM:
         self._draft: Any = None
         try:
             if draft_model is not None:
-                from .spec import MAX_DEPTH, check_vocab_compat
+                from .spec import MAX_DEPTH, check_draft
 
                 if not 0 <= spec_draft_n <= MAX_DEPTH:
                     raise ValueError(f"spec_draft_n must be in 0..{MAX_DEPTH}, got {spec_draft_n}")
                 self._draft = Model(resolve_model(str(draft_model)), device=device, n_ctx=self._model.n_ctx,
                                     n_threads=n_threads)
-                check_vocab_compat(self._model.tokenizer, self._draft.tokenizer)
+                check_draft(self._model, self._draft)
         except BaseException:
             self.close()
             raise
@@ -81,9 +81,9 @@ class LLM:
         self.model_path = Path(model.gguf.path)
         self._model, self._draft = model, draft
         if draft is not None:
-            from .spec import check_vocab_compat
+            from .spec import check_draft
 
-            check_vocab_compat(model.tokenizer, draft.tokenizer)
+            check_draft(model, draft)
         self.spec_draft_n = spec_draft_n
         self.spec_adaptive = spec_adaptive
         self._lock = threading.Lock()

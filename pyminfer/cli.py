@@ -47,9 +47,10 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
         f"in {model.load_time:.2f} s")
     draft = None
     if getattr(args, "spec_draft", None):
+        from .spec import check_draft
+
         draft = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=model.n_ctx, n_threads=args.threads)
-        if draft.gguf.weight_bytes > model.gguf.weight_bytes:
-            log("pyminfer: warning: the draft model is larger than the target; speculation will likely be slower")
+        check_draft(model, draft)
         log(f"pyminfer: draft {draft.gguf.path.name} loaded in {draft.load_time:.2f} s")
     return model, draft
 

@@ -70,6 +70,11 @@ class Model:
         self._argmax_buf = np.zeros(max_nt, np.int32)
 
     @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this model runs (the first n_layer blocks when truncated)."""
+        return self.gguf.weight_bytes_used(self.config.n_layer)
+
+    @property
     def n_vocab(self) -> int:
         return self.config.n_vocab
 

@@ -177,6 +177,18 @@ class GGUFModel:
             "layers": layers,
         }
 
+    def weight_bytes_used(self, n_layer: int | None = None) -> int:
+        """Bytes of the tensors a model of the first ``n_layer`` blocks (default: all) uses."""
+        if n_layer is None or n_layer >= self.config.n_layer:
+            return self.weight_bytes
+        total = 0
+        for name, (_, typ, c, r) in self.tensors.items():
+            if name.startswith("blk.") and int(name.split(".")[1]) >= n_layer:
+                continue
+            be, bb = BLOCK[typ]
+            total += r * (c // be) * bb
+        return total
+
     @property
     def file_type(self) -> str:
         """The dominant weight type, e.g. 'Q4_K' (by bytes, over 2-D tensors)."""

@@ -23,6 +23,7 @@ largest d whose verify batch is bitwise on every backend: nt = d + 1 <= 8).
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from typing import Any, Iterator, Sequence
 
@@ -58,6 +59,21 @@ def check_vocab_compat(target: Tokenizer, draft: Tokenizer) -> None:
         a, b = target.token_text(i), draft.token_text(i)
         if a != b:
             raise VocabMismatch(f"token {i} differs: target {a!r}, draft {b!r}")
+
+
+class DraftLargerWarning(UserWarning):
+    """The draft model is larger than the target: speculation will cost more than it saves."""
+
+
+def check_draft(target: Model, draft: Model) -> None:
+    """Load-time gate for a draft model: refuses an incompatible vocabulary (VocabMismatch, see
+    check_vocab_compat) and warns (DraftLargerWarning) when the draft's weights outweigh the
+    target's."""
+    check_vocab_compat(target.tokenizer, draft.tokenizer)
+    if draft.weight_bytes > target.weight_bytes:
+        warnings.warn(f"the draft model ({draft.weight_bytes / 2**20:.0f} MiB) is larger than the target "
+                      f"({target.weight_bytes / 2**20:.0f} MiB); speculation will likely be slower",
+                      DraftLargerWarning, stacklevel=2)
 
 
 class AdaptiveDepth:

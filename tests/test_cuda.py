@@ -38,7 +38,7 @@ def matmul(device, typ, w, n_rows, n_cols, x):
 
 
 @pytest.mark.parametrize("typ", ALL_TYPES, ids=[bg.NAMES[t] for t in ALL_TYPES])
-@pytest.mark.parametrize("n_cols", [512, 1536, 4608])
+@pytest.mark.parametrize("n_cols", [512, 768, 1536, 4608])
 def test_matmul_matches_cpu(typ, n_cols):
     rng = np.random.default_rng(typ * 100 + n_cols)
     n_rows = 67  # not a multiple of the rows per block
@@ -60,6 +60,24 @@ def test_matmul_rows_bitwise_equal_to_one_row(typ):
     for nt in range(2, 12):
         y = matmul(1, typ, w, n_rows, n_cols, x[:nt])
         assert np.array_equal(y, ones[:nt]), (bg.NAMES[typ], nt)
+
+
+@pytest.mark.parametrize("mmvq", ["0", "1", "2"])
+@pytest.mark.parametrize("typ", [bg.Q4_0, bg.Q5_0, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K],
+                         ids=lambda t: bg.NAMES[t])
+def test_matmul_both_kernels_odd_blocks(typ, mmvq, monkeypatch):
+    """Rows of an odd number of 256-wide blocks (Q6_K rows only 2-aligned), more chunks than one
+    pass of the warp kernel's unrolled loads (tail), both MMVQ kernels: CPU bound and nt bitwise."""
+    monkeypatch.setenv("MI_CUDA_MMVQ", mmvq)
+    rng = np.random.default_rng(typ + 7)
+    n_rows, n_cols = 37, 256 * 19  # 152 chunks: 2 warps per row by default
+    w = bg.random_weights(rng, typ, n_rows, n_cols)
+    x = rng.standard_normal((8, n_cols)).astype(np.float32)
+    y_cpu = matmul(0, typ, w, n_rows, n_cols, x)
+    ones = np.concatenate([matmul(1, typ, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])
+    assert nmse(ones, y_cpu) < 1e-10, bg.NAMES[typ]
+    for nt in (2, 3, 5, 8):
+        assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], nt)
 
 
 SMALL = dict(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, n_vocab=1000)

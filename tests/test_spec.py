@@ -105,3 +105,11 @@ def test_stats(smol, smol_draft):
 def test_bad_depth(smol, smol_draft):
     with pytest.raises(ValueError, match="0..7"):
         generate(smol, [1, 2, 3], SamplingParams(temperature=0), 4, draft=smol_draft, spec_draft_n=9)
+
+
+def test_draft_larger_warning_only(smol_path, smol):
+    from pyminfer.spec import DraftLargerWarning, check_draft
+
+    with Model(smol_path, device="cpu", n_ctx=64, n_layer=12) as small:
+        with pytest.warns(DraftLargerWarning):
+            check_draft(small, smol)
