@@ -193,6 +193,9 @@ def main():
     ap.add_argument("--depth", type=int, default=4096)
     ap.add_argument("--profile", action="store_true", help="per-op GPU time of 1.5b decode (no graphs)")
     ap.add_argument("--ab", action="store_true", help="1.5b tg with q/k/v as separate launches, same machine")
+    ap.add_argument("--ab-mmvq", action="store_true",
+                    help="per model: tg @0 and nt=8 with MI_CUDA_MMVQ=0 (block-per-row), 1 (one warp per row), "
+                         "2 (1-4 warps per row, default) interleaved 0,1,2,0,1,2 on the same weights; medians")
     ap.add_argument("--curve", action="store_true", help="verify cost curve C_T(nt)/C_T(1), nt = 1..16")
     ap.add_argument("--accept", default=None,
                     help="JSON file {category: [conditional acceptance p_1..p_7]} measured on the real pair: "
@@ -203,6 +206,7 @@ def main():
     rows = []
     for name in args.models.split(","):
         shp = SHAPES[name]
+        n_rows0 = len(rows)
         rng = np.random.default_rng(0)
         t0 = time.time()
         cfg, tensors, keep, per_token = synthetic_model(rng, types=types_for(name), **shp)
@@ -229,6 +233,25 @@ def main():
         if args.curve:
             curves[name] = verify_curve(ctx)
         ctx.close()
+        if args.ab_mmvq:
+            import os
+            ab = {"0": [], "1": [], "2": []}
+            ab8 = {"0": [], "1": [], "2": []}
+            for v in ("0", "1", "2", "0", "1", "2"):
+                os.environ["MI_CUDA_MMVQ"] = v
+                c2 = _core.Context(cfg, tensors, 1024, 8, 0, 1, keep)
+                decode_times(c2, 5)
+                ab[v] += decode_times(c2, args.tokens // 2)
+                ab8[v] += decode_times(c2, 10, start_pos=0, nt=8)[2:]
+                c2.close()
+            del os.environ["MI_CUDA_MMVQ"]
+            for v in ("0", "1", "2"):
+                med = statistics.median(ab[v])
+                rows.append((name, f"A/B tg @0 mmvq={v}", 1 / med, 100 / med / roof, min(ab[v]) * 1e3))
+                med8 = statistics.median(ab8[v])
+                rows.append((name, f"A/B nt=8 mmvq={v}", 8 / med8, float("nan"), min(ab8[v]) * 1e3))
+        for r in rows[n_rows0:]:  # as we go, so a run cut short still reports
+            print(f"  {r[0]:6} {r[1]:22} {r[2]:10.1f} {r[3]:11.1f} {r[4]:9.3f}", flush=True)
         del keep, tensors
     import os
     if args.ab:

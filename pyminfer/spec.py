@@ -180,10 +180,15 @@ class SpecDecoder:
         n_past = min(n_past, len(prompt_ids) - 1)
         t0 = time.perf_counter()
         out = T.prefill(list(prompt_ids[n_past:]), n_past, logits=need)
-        t1 = time.perf_counter()
-        self.stats.update(prefill_s=t1 - t0, prefill_tokens=len(prompt_ids) - n_past)
         hist = list(prompt_ids)
         d_valid = min(draft_n_past, len(prompt_ids) - 1)  # draft K/V valid for hist[:d_valid]
+        # The draft reads the prompt now, not in the first round: a round's draft time must be the
+        # per-step cost the adaptive depth model assumes.
+        D.prefill(hist[d_valid:], d_valid, logits=False)
+        d_valid = len(hist)
+        self.draft_n_past = d_valid
+        t1 = time.perf_counter()
+        self.stats.update(prefill_s=t1 - t0, prefill_tokens=len(prompt_ids) - n_past)
         tok = self._choose(out if need else out[0], hist)
         hist.append(tok)
         self.emitted += 1

@@ -30,6 +30,37 @@ __device__ __forceinline__ void mi_scale_min_k4(int j, const uint8_t *q, int &d,
 
 template <int T> struct mi_qt;
 
+// 32 bytes from a 2-aligned address as 8 words: 9 aligned 4-byte loads funnel-shifted by 0 or 16
+// bits. Reads at most 2 bytes before and 2 after the range (callers keep both inside the block).
+__device__ __forceinline__ void mi_ld32_a2(const uint8_t *p, uint32_t *out) {
+    const uint32_t *w = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 2u) * 8u;
+    uint32_t v[9];
+#pragma unroll
+    for (int i = 0; i < 9; i++) v[i] = w[i];
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = __funnelshift_r(v[i], v[i + 1], sh);
+}
+
+// Q4_K / Q5_K: d, dmin and the 12 scale bytes are the block's first 16 bytes (one 16-byte load);
+// chunk k's 6-bit scale and min as mi_scale_min_k4, then the chunk's dw and mw.
+__device__ __forceinline__ void mi_kquant_head(const uint8_t *b, int k, mi_chunk &c) {
+    const uint4 hd = *(const uint4 *)b;
+    const int s = 8 * (k & 3);
+    const uint32_t y = hd.y >> s, z = hd.z >> s, w = hd.w >> s;
+    int sc, m;
+    if (k < 4) {
+        sc = (int)(y & 63);
+        m = (int)(z & 63);
+    } else {
+        sc = (int)((w & 0xF) | (((y >> 6) & 3) << 4));
+        m = (int)(((w >> 4) & 0xF) | (((z >> 6) & 3) << 4));
+    }
+    c.sc0 = c.sc1 = 1;
+    c.dw = __fmul_rn(__half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF))), (float)sc);
+    c.mw = -__fmul_rn(__half2float(__ushort_as_half((unsigned short)(hd.x >> 16))), (float)m);
+}
+
 template <> struct mi_qt<MI_TYPE_Q4_0> {
     static constexpr int CPB = 1, BB = 18, HAS_MIN = 0;
     static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
@@ -108,11 +139,7 @@ template <> struct mi_qt<MI_TYPE_Q4_K> {
         const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int j = 0; j < 8; j++) c.q[j] = (int)((v[j] >> sh) & 0x0F0F0F0Fu);
-        int sc, m;
-        mi_scale_min_k4(k, b + 4, sc, m);
-        c.sc0 = c.sc1 = 1;
-        c.dw = __fmul_rn(mi_ld_f16(b), (float)sc);
-        c.mw = -__fmul_rn(mi_ld_f16(b + 2), (float)m);
+        mi_kquant_head(b, k, c);
     }
 };
 template <> struct mi_qt<MI_TYPE_Q5_K> {
@@ -126,11 +153,7 @@ template <> struct mi_qt<MI_TYPE_Q5_K> {
         const uint32_t h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
 #pragma unroll
         for (int j = 0; j < 8; j++) c.q[j] = (int)(((v[j] >> sh) & 0x0F0F0F0Fu) | (((h[j] >> k) & 0x01010101u) << 4));
-        int sc, m;
-        mi_scale_min_k4(k, b + 4, sc, m);
-        c.sc0 = c.sc1 = 1;
-        c.dw = __fmul_rn(mi_ld_f16(b), (float)sc);
-        c.mw = -__fmul_rn(mi_ld_f16(b + 2), (float)m);
+        mi_kquant_head(b, k, c);
     }
 };
 template <> struct mi_qt<MI_TYPE_Q6_K> {
@@ -139,17 +162,20 @@ template <> struct mi_qt<MI_TYPE_Q6_K> {
         // Half n = k/4 holds 4 interleaved chunks: kk&1 picks ql[+32], kk>>1 the high nibble,
         // and qh's 2-bit field 2*kk (ggml's dequantize_row_q6_K order). Blocks are 2-aligned.
         const int n = k >> 2, kk = k & 3;
-        const uint8_t *ql = b + 64 * n + 32 * (kk & 1);
-        const uint8_t *qh = b + 128 + 32 * n;
+        // ql and qh are only 2-aligned: 9 aligned words each, funnel-shifted into place.
+        uint32_t l[8], h[8];
+        mi_ld32_a2(b + 64 * n + 32 * (kk & 1), l);
+        mi_ld32_a2(b + 128 + 32 * n, h);
         const int shl = 4 * (kk >> 1), shh = 2 * kk;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const uint32_t lo = (mi_ld_a2(ql + 4 * j) >> shl) & 0x0F0F0F0Fu;
-            const uint32_t hi = ((mi_ld_a2(qh + 4 * j) >> shh) & 0x03030303u) << 4;
+            const uint32_t lo = (l[j] >> shl) & 0x0F0F0F0Fu;
+            const uint32_t hi = ((h[j] >> shh) & 0x03030303u) << 4;
             c.q[j] = (int)__vsub4(lo | hi, 0x20202020u);
         }
-        c.sc0 = (int8_t)b[192 + 8 * n + 2 * kk];
-        c.sc1 = (int8_t)b[192 + 8 * n + 2 * kk + 1];
+        const uint32_t scp = *(const uint16_t *)(b + 192 + 8 * n + 2 * kk);
+        c.sc0 = (int)(int8_t)(scp & 0xFF);
+        c.sc1 = (int)(int8_t)(scp >> 8);
         c.dw = mi_ld_f16(b + 208);
         c.mw = 0.0f;
     }
