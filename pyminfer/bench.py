@@ -141,8 +141,10 @@ def main_bench(args: argparse.Namespace) -> int:
 
     path = resolve_model(args.model)
     max_nt = max(64, args.n_prompt if args.n_prompt <= 512 else 64)
-    m = Model(path, device=args.device, n_ctx=max(args.n_prompt, args.depth + args.n_gen + 16, 512) + 16,
-              n_threads=args.threads, max_nt=max_nt)
+    need = max(args.n_prompt, args.depth + args.n_gen, 256 + 16 if args.verify_curve else 0) + 16
+    if args.ctx_size is not None and args.ctx_size < need:
+        raise ValueError(f"-c {args.ctx_size} is too small for these tests (they need {need} positions)")
+    m = Model(path, device=args.device, n_ctx=args.ctx_size or max(need, 512), n_threads=args.threads, max_nt=max_nt)
     info = {"model": path.name, "size_GiB": m.gguf.weight_bytes / 2**30, "type": m.gguf.file_type, "device": m.device}
     if args.spec_draft:
         d = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=m.n_ctx, n_threads=args.threads)
@@ -156,13 +158,15 @@ def main_bench(args: argparse.Namespace) -> int:
     rows = []
     if args.n_prompt > 0:
         v = bench_pp(m, args.n_prompt, args.repetitions)
-        rows.append({**info, "test": f"pp{args.n_prompt}", "tok_s": _fmt(v), "mean": statistics.mean(v)})
+        rows.append({**info, "test": f"pp{args.n_prompt}", "tok_s": _fmt(v), "mean": statistics.mean(v),
+                     "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v)})
     if args.n_gen > 0:
         v = bench_tg(m, args.n_gen, args.repetitions, args.depth)
         bw = copy_bandwidth(m)
         share = statistics.mean(v) * m.gguf.decode_bytes_per_token() / bw
         name = f"tg{args.n_gen}" + (f" @ d{args.depth}" if args.depth else "")
         rows.append({**info, "test": name, "tok_s": _fmt(v), "mean": statistics.mean(v),
+                     "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v),
                      "roofline": f"{100 * share:.0f}% of {bw / 1e9:.0f} GB/s"})
     _emit(rows, args.output)
     return 0

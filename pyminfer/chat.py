@@ -259,8 +259,10 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
 
 def main_chat(args: Any) -> int:
     """``pyminfer chat``: load the model(s) with the CLI's loader and run the loop."""
-    from .cli import _load, _params
+    from .cli import _check_common, _load, _params
 
+    _check_common(args)
+    _params(args).validate()
     model, draft = _load(args)
     try:
         if not model.tokenizer.chat_template:

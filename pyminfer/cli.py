@@ -33,7 +33,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--repeat-last-n", type=int, default=64)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="RNG seed (-1 or absent: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
@@ -59,26 +59,46 @@ def _params(args: argparse.Namespace) -> Any:
     from .sampling import SamplingParams
 
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
+                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                          seed=None if args.seed is None or args.seed < 0 else args.seed,  # -1: random, as llama.cpp
                           stop=list(args.stop))
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    """Argument checks that need no model, run before the (slow) load."""
+    if args.threads < 0:
+        raise ValueError("--threads must be >= 0 (0: all cores)")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise ValueError("--ctx-size must be >= 1")
+    if getattr(args, "spec_draft", None) is None and getattr(args, "spec_draft_adaptive", False):
+        raise ValueError("--spec-draft-adaptive needs a draft model (--spec-draft MODEL)")
+    n = getattr(args, "spec_draft_n", 4)
+    if not 0 <= n <= 7:
+        raise ValueError(f"--spec-draft-n must be in 0..7, got {n}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .engine import log
     from .generate import generate_stream
 
-    model, draft = _load(args)
-    tok = model.tokenizer
+    _check_common(args)
+    if args.prompt is not None and args.file:
+        raise ValueError("give the prompt with -p or -f, not both")
     prompt = args.prompt
     if args.file:
         with open(args.file, encoding="utf-8") as f:
             prompt = f.read()
     if prompt is None:
         raise ValueError("give a prompt with -p or -f")
+    if args.n_predict < 0:
+        raise ValueError("-n/--n-predict must be >= 0")
+    params = _params(args)
+    params.validate()
+    model, draft = _load(args)
+    tok = model.tokenizer
     if args.chat:
         prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
     ids = tok.encode(prompt, parse_special=True)
-    params = _params(args)
     res = None
     for ch in generate_stream(model, ids, params, args.n_predict, draft=draft, spec_draft_n=args.spec_draft_n,
                               spec_adaptive=args.spec_draft_adaptive):
@@ -121,6 +141,14 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import main_bench
+
+    _check_common(args)
+    if args.repetitions < 1:
+        raise ValueError("-r/--repetitions must be >= 1")
+    if args.n_prompt < 0 or args.n_gen < 0 or args.depth < 0:
+        raise ValueError("-p, -n and --depth must be >= 0")
+    if not (args.n_prompt or args.n_gen or args.verify_curve or args.spec_draft):
+        raise ValueError("nothing to measure: give -p and/or -n > 0, --verify-curve or --spec-draft")
 
     return main_bench(args)
 

@@ -147,7 +147,9 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
         if close:
             close()
     if reason not in ("stop_string",):
-        tail, stopped = stopper.push(sd.flush())
+        # a generation cut mid-character (max_tokens, EOS, full context) leaves incomplete UTF-8
+        # bytes: drop them rather than end the text with U+FFFD
+        tail, stopped = stopper.push(sd.flush(drop_incomplete=True))
         tail += "" if stopped else stopper.flush()
         if stopped:
             finish, reason = "stop", "stop_string"

@@ -684,8 +684,13 @@ class StreamDecoder:
         """Add one token; return the newly completed text (maybe "")."""
         return self._dec.decode(self._tok.token_to_piece(token_id, special=self._special), final=False)
 
-    def flush(self) -> str:
-        """Return whatever is left (an incomplete trailing sequence becomes U+FFFD) and reset."""
+    def flush(self, *, drop_incomplete: bool = False) -> str:
+        """Return whatever is left (an incomplete trailing sequence becomes U+FFFD, or is dropped
+        with ``drop_incomplete``, as llama.cpp's server does when generation stops mid-character)
+        and reset."""
+        if drop_incomplete:
+            self._dec.reset()
+            return ""
         out = self._dec.decode(b"", final=True)
         self._dec.reset()
         return out

@@ -134,3 +134,13 @@ def test_speculative_equals_plain(llm):
         r = m.generate(PROMPT, max_tokens=6, temperature=0)
         assert r.generated_ids == plain.generated_ids
         assert r.spec is not None and r.spec["drafted"] > 0 and r.spec["accepted"] > 0
+
+
+def test_cut_mid_character_drops_incomplete_bytes(smol_path):
+    """A generation stopped inside a multi-byte character ends without U+FFFD (llama.cpp server)."""
+    from pyminfer import LLM
+
+    with LLM(str(smol_path), device="cpu") as llm:
+        for n in (1, 2, 3):
+            r = llm.generate("Emoji list: 🙂😀🎉", max_tokens=n, temperature=0)
+            assert "\ufffd" not in r.text, (n, r.text)
