@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
 from .engine import ContextFull, Model
 from .sampling import Sampler, SamplingParams, StopChecker
 from .tokenizer import StreamDecoder
@@ -181,7 +179,3 @@ def generate(model: Model, prompt_ids: Sequence[int], params: SamplingParams, ma
         res = ch.result or res
     assert res is not None
     return res
-
-
-def as_ids(x: Any) -> np.ndarray:
-    return np.asarray(x, dtype=np.int32)
