@@ -197,3 +197,31 @@ def matmul(int device, int type, const unsigned char[::1] w, int64_t n_rows, int
     with nogil:
         rc = mi_op_matmul(device, type, &w[0], n_rows, n_cols, &x[0, 0], nt, &y[0, 0], n_threads)
     _check(rc)
+
+
+def rmsnorm(const float[::1] x, const float[::1] w, float[::1] y, float eps) -> None:
+    """CPU RMSNorm of one f32 row: y = x / sqrt(mean(x^2) + eps) * w (all [n])."""
+    if w.shape[0] != x.shape[0] or y.shape[0] != x.shape[0]:
+        raise ValueError("x, w, y must have the same length")
+    _check(mi_op_rmsnorm(&x[0], &w[0], &y[0], x.shape[0], eps))
+
+
+def rope(float[::1] x, int n_heads, int head_dim, int pos, float freq_base, int rope_type) -> None:
+    """CPU RoPE in place on f32 x[n_heads*head_dim] at position ``pos`` (0 NORM, 2 NEOX)."""
+    if x.shape[0] != n_heads * head_dim:
+        raise ValueError("x must hold n_heads * head_dim values")
+    _check(mi_op_rope(&x[0], n_heads, head_dim, pos, freq_base, rope_type))
+
+
+def attention(const float[::1] q, const float[:, ::1] k, const float[:, ::1] v, float scale, float[::1] out) -> None:
+    """CPU attention of one query head q[head_dim] over k, v [n_kv, head_dim] into out[head_dim]."""
+    if k.shape[1] != q.shape[0] or v.shape[1] != q.shape[0] or k.shape[0] != v.shape[0] or out.shape[0] != q.shape[0]:
+        raise ValueError("shapes: q [d], k [n, d], v [n, d], out [d]")
+    _check(mi_op_attention(&q[0], &k[0, 0], &v[0, 0], k.shape[0], q.shape[0], scale, &out[0]))
+
+
+def swiglu(const float[::1] gate, const float[::1] up, float[::1] y) -> None:
+    """CPU SwiGLU: y = silu(gate) * up (all f32 [n])."""
+    if up.shape[0] != gate.shape[0] or y.shape[0] != gate.shape[0]:
+        raise ValueError("gate, up, y must have the same length")
+    _check(mi_op_swiglu(&gate[0], &up[0], &y[0], gate.shape[0]))

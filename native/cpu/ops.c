@@ -1,6 +1,7 @@
 /* CPU elementwise and attention ops of the transformer block. Every op processes one token row
  * independently in a fixed order, so a row's result never depends on how many rows share a call. */
 #include <math.h>
+#include <stdlib.h>
 #include "internal.h"
 #include "ops.h"
 
@@ -66,4 +67,40 @@ void mi_swiglu_row(const float *gate, const float *up, float *y, int64_t n) {
         const float g = gate[i];
         y[i] = (g / (1.0f + expf(-g))) * up[i];
     }
+}
+
+/* ---- C API wrappers (pyminfer.h): the same functions the forward calls ---- */
+
+int mi_op_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
+    if (n <= 0) return mi_set_error(MI_ERR_ARG, "rmsnorm: n must be positive");
+    mi_rmsnorm_row(x, w, y, n, eps);
+    return MI_OK;
+}
+
+int mi_op_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t pos, float freq_base, int32_t rope_type) {
+    if (head_dim <= 0 || head_dim % 2 || n_heads <= 0 || pos < 0)
+        return mi_set_error(MI_ERR_ARG, "rope: bad arguments");
+    if (rope_type != MI_ROPE_NORM && rope_type != MI_ROPE_NEOX) return mi_set_error(MI_ERR_ARG, "rope: unknown type %d", rope_type);
+    float *cs = malloc(sizeof(float) * head_dim);
+    if (!cs) return mi_set_error(MI_ERR_OOM, "out of memory");
+    mi_rope_table(pos, head_dim, freq_base, cs, cs + head_dim / 2);
+    mi_rope_heads(x, n_heads, head_dim, rope_type, cs, cs + head_dim / 2);
+    free(cs);
+    return MI_OK;
+}
+
+int mi_op_attention(const float *q, const float *k, const float *v, int32_t n_kv, int32_t head_dim, float scale,
+                    float *out) {
+    if (n_kv <= 0 || head_dim <= 0) return mi_set_error(MI_ERR_ARG, "attention: bad arguments");
+    float *scores = malloc(sizeof(float) * n_kv);
+    if (!scores) return mi_set_error(MI_ERR_OOM, "out of memory");
+    mi_attention_head(q, k, v, head_dim, n_kv, head_dim, scale, scores, out);
+    free(scores);
+    return MI_OK;
+}
+
+int mi_op_swiglu(const float *gate, const float *up, float *y, int64_t n) {
+    if (n <= 0) return mi_set_error(MI_ERR_ARG, "swiglu: n must be positive");
+    mi_swiglu_row(gate, up, y, n);
+    return MI_OK;
 }

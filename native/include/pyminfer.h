@@ -83,6 +83,17 @@ int mi_dequantize(int32_t type, const void *src, int64_t n_rows, int64_t n_cols,
 int mi_op_matmul(int32_t device, int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                  int32_t nt, float *y, int32_t n_threads);
 
+/* CPU transformer ops, one token row per call (tests against numpy; same code as the forward).
+ * RMSNorm: y[n] = x / sqrt(mean(x^2) + eps) * w. */
+int mi_op_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
+/* RoPE in place on x[n_heads*head_dim] at position pos (rope_type: enum mi_rope_type). */
+int mi_op_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t pos, float freq_base, int32_t rope_type);
+/* One query head q[head_dim] over n_kv cached rows k/v [n_kv][head_dim]: softmax(q.k * scale) v -> out[head_dim]. */
+int mi_op_attention(const float *q, const float *k, const float *v, int32_t n_kv, int32_t head_dim, float scale,
+                    float *out);
+/* y[n] = silu(gate) * up (SwiGLU). */
+int mi_op_swiglu(const float *gate, const float *up, float *y, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif
