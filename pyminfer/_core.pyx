@@ -8,6 +8,21 @@ stated dtype, C-contiguous). Every C error becomes a Python exception carrying t
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
+import threading
+
+# (elements, bytes) per block of each ggml type the core supports (mi_quants.h)
+_BLOCK = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+          12: (256, 144), 13: (256, 176), 14: (256, 210)}
+
+
+def _row_bytes(int type, int64_t n_cols) -> int:
+    if type not in _BLOCK:
+        raise NativeError(2, f"unsupported tensor type {type}")
+    be, bb = _BLOCK[type]
+    if n_cols <= 0 or n_cols % be:
+        raise ValueError(f"n_cols {n_cols} must be a positive multiple of the block size {be}")
+    return n_cols // be * bb
+
 DEVICE_CPU = 0
 DEVICE_CUDA = 1
 
@@ -92,6 +107,7 @@ cdef class Context:
     cdef readonly int max_nt
     cdef readonly int device
     cdef object _keepalive
+    cdef object _lock  # one forward at a time: the context's scratch and KV cache are shared state
 
     def __cinit__(self, dict cfg, dict tensors, int n_ctx, int max_nt, int n_threads, int device, object keepalive=None):
         cdef mi_model_desc d
@@ -137,6 +153,7 @@ cdef class Context:
         self.max_nt = max_nt
         self.device = device
         self._keepalive = keepalive
+        self._lock = threading.Lock()
 
     def __dealloc__(self):
         if self.ctx != NULL:
@@ -145,9 +162,10 @@ cdef class Context:
 
     def close(self) -> None:
         """Free the KV cache, scratch and device memory now (the object is unusable after)."""
-        if self.ctx != NULL:
-            mi_ctx_free(self.ctx)
-            self.ctx = NULL
+        with self._lock:
+            if self.ctx != NULL:
+                mi_ctx_free(self.ctx)
+                self.ctx = NULL
 
     def forward(self, const int32_t[::1] tokens, const int32_t[::1] pos, const int32_t[::1] out_rows,
                 float[:, ::1] logits=None, int32_t[::1] argmax=None) -> None:
@@ -156,10 +174,9 @@ cdef class Context:
         Writes f32 logits [len(out_rows), n_vocab] into ``logits`` and/or int32 argmax
         [len(out_rows)] into ``argmax`` for the rows ``out_rows`` (int32 indices into tokens).
         Raises ValueError on mismatched lengths, ContextFullError for a position >= n_ctx,
-        NativeError for other C errors. Releases the GIL while it runs.
+        NativeError for other C errors. Releases the GIL while it runs; calls on one context are
+        serialized by a lock (its scratch buffers and KV cache are shared).
         """
-        if self.ctx == NULL:
-            raise ValueError("context is closed")
         cdef int nt = tokens.shape[0]
         cdef int n_out = out_rows.shape[0]
         if pos.shape[0] != nt:
@@ -174,15 +191,22 @@ cdef class Context:
         cdef int32_t *ap = &argmax[0] if argmax is not None and n_out > 0 else NULL
         cdef const int32_t *rp = &out_rows[0] if n_out > 0 else NULL
         cdef int rc
-        with nogil:
-            rc = mi_forward(self.ctx, &tokens[0], &pos[0], nt, rp, n_out, lp, ap)
+        cdef mi_ctx *c
+        with self._lock:
+            if self.ctx == NULL:
+                raise ValueError("context is closed")
+            c = self.ctx
+            with nogil:
+                rc = mi_forward(c, &tokens[0], &pos[0], nt, rp, n_out, lp, ap)
         _check(rc)
 
 
 def dequantize(int type, const unsigned char[::1] src, int64_t n_rows, int64_t n_cols, float[:, ::1] dst) -> None:
     """Dequantize ``n_rows`` x ``n_cols`` elements of ggml ``type`` from raw bytes into f32 ``dst``."""
-    if dst.shape[0] != n_rows or dst.shape[1] != n_cols:
-        raise ValueError("dst must be [n_rows, n_cols]")
+    if n_rows <= 0 or dst.shape[0] != n_rows or dst.shape[1] != n_cols:
+        raise ValueError("dst must be [n_rows, n_cols] with n_rows > 0")
+    if src.shape[0] < n_rows * _row_bytes(type, n_cols):
+        raise ValueError(f"src holds {src.shape[0]} bytes, {n_rows} rows need {n_rows * _row_bytes(type, n_cols)}")
     _check(mi_dequantize(type, &src[0], n_rows, n_cols, &dst[0, 0]))
 
 
@@ -191,8 +215,12 @@ def matmul(int device, int type, const unsigned char[::1] w, int64_t n_rows, int
     """y[nt, n_rows] = x[nt, n_cols] @ W.T with W given as raw bytes of ggml ``type`` (quantized
     activations as the engine does). ``device``: DEVICE_CPU or DEVICE_CUDA."""
     cdef int nt = x.shape[0]
-    if x.shape[1] != n_cols or y.shape[0] != nt or y.shape[1] != n_rows:
-        raise ValueError("shape mismatch: x [nt, n_cols], y [nt, n_rows]")
+    if device not in (DEVICE_CPU, DEVICE_CUDA):
+        raise ValueError(f"unknown device {device}")
+    if nt < 1 or n_rows <= 0 or x.shape[1] != n_cols or y.shape[0] != nt or y.shape[1] != n_rows:
+        raise ValueError("shape mismatch: x [nt >= 1, n_cols], y [nt, n_rows], n_rows > 0")
+    if w.shape[0] < n_rows * _row_bytes(type, n_cols):
+        raise ValueError(f"w holds {w.shape[0]} bytes, {n_rows} rows need {n_rows * _row_bytes(type, n_cols)}")
     cdef int rc
     with nogil:
         rc = mi_op_matmul(device, type, &w[0], n_rows, n_cols, &x[0, 0], nt, &y[0, 0], n_threads)

@@ -156,7 +156,8 @@ class SpecDecoder:
         check_vocab_compat(target.tokenizer, draft.tokenizer)
         self.target, self.draft, self.sampler = target, draft, sampler
         self.draft_n = draft_n
-        self.adaptive = AdaptiveDepth(start=max(draft_n, 1)) if adaptive else None
+        max_d = min(MAX_DEPTH, target.max_nt - 1)  # the verify batch (d + 1 rows) must fit one forward
+        self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1)) if adaptive else None
         self.stats: dict[str, float] = {}
         self.rounds = 0
         self.drafted_at = np.zeros(MAX_DEPTH + 1, np.int64)  # per draft position (1-based)
@@ -166,6 +167,7 @@ class SpecDecoder:
         self.emitted = 0
         self.depths: list[int] = []
         self.draft_n_past = 0  # positions of the committed text whose K/V the draft holds
+        self.window = max(sampler.p.repeat_last_n, 1)
 
     def _choose(self, row: np.ndarray | int, hist: Sequence[int]) -> int:
         if isinstance(row, (int, np.integer)):
@@ -173,10 +175,13 @@ class SpecDecoder:
         return self.sampler.sample(row, hist)
 
     def tokens(self, prompt_ids: Sequence[int], n_past: int = 0, draft_n_past: int = 0) -> Iterator[int]:
-        """Yield generated ids forever (the caller stops); raises ContextFull when full."""
+        """Yield generated ids forever (the caller stops); raises ContextFull when the target's
+        context is full. ``n_past`` / ``draft_n_past``: leading prompt positions whose K/V the
+        target's / draft's cache already holds. Where the draft's context is full, rounds run at
+        d = 0 (plain decoding), so the output never depends on the draft's n_ctx."""
         T, D = self.target, self.draft
         need = self.sampler.p.needs_logits
-        n_ctx = min(T.n_ctx, D.n_ctx)
+        n_ctx = T.n_ctx  # the draft's context limits only how far it can draft (d = 0 past it)
         n_past = min(n_past, len(prompt_ids) - 1)
         t0 = time.perf_counter()
         out = T.prefill(list(prompt_ids[n_past:]), n_past, logits=need)
@@ -184,8 +189,9 @@ class SpecDecoder:
         d_valid = min(draft_n_past, len(prompt_ids) - 1)  # draft K/V valid for hist[:d_valid]
         # The draft reads the prompt now, not in the first round: a round's draft time must be the
         # per-step cost the adaptive depth model assumes.
-        D.prefill(hist[d_valid:], d_valid, logits=False)
-        d_valid = len(hist)
+        if len(hist) < D.n_ctx:
+            D.prefill(hist[d_valid:], d_valid, logits=False)
+            d_valid = len(hist)
         self.draft_n_past = d_valid
         t1 = time.perf_counter()
         self.stats.update(prefill_s=t1 - t0, prefill_tokens=len(prompt_ids) - n_past)
@@ -198,7 +204,9 @@ class SpecDecoder:
             if p >= n_ctx:
                 raise ContextFull(f"context full at n_ctx={n_ctx}")
             d = self.adaptive.choose() if self.adaptive else self.draft_n
-            d = max(0, min(d, n_ctx - 1 - p))
+            d = max(0, min(d, n_ctx - 1 - p, D.n_ctx - 1 - p))
+            if self.adaptive:
+                self.adaptive.cur = self.adaptive.history[-1] = d  # record what ran, not what was asked
             ta = time.perf_counter()
             drafts: list[int] = []
             if d > 0:
@@ -215,7 +223,8 @@ class SpecDecoder:
             emitted: list[int] = []
             self.drafted_at[1:d + 1] += 1
             for i in range(d + 1):
-                z = self._choose(rows[i], hist + emitted)
+                # the penalty window (last repeat_last_n tokens) is all a row's choice can look at
+                z = self._choose(rows[i], hist[-self.window:] + emitted if need else hist)
                 emitted.append(z)
                 if i == d or z != drafts[i]:
                     break

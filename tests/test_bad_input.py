@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pyminfer.engine import ContextFull, Model
@@ -118,3 +119,22 @@ def test_cli_errors_are_one_line(tmp_path, smol_path):
     out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-m", str(smol_path), "-p", "", "-n", "2",
                           "--device", "cpu"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "empty" in out.stderr
+
+
+def test_non_consecutive_positions(smol):
+    from pyminfer._core import NativeError
+
+    with pytest.raises(NativeError, match="consecutive"):
+        smol.ctx.forward(np.array([1, 2], np.int32), np.array([0, 5], np.int32), np.array([1], np.int32),
+                         None, np.zeros(1, np.int32))
+
+
+def test_short_weight_buffers():
+    from pyminfer import _core
+
+    x = np.zeros((1, 64), np.float32)
+    y = np.zeros((1, 4), np.float32)
+    with pytest.raises(ValueError, match="need"):
+        _core.matmul(0, 8, np.zeros(10, np.uint8), 4, 64, x, y)  # Q8_0: 4 rows x 68 bytes
+    with pytest.raises(ValueError, match="need"):
+        _core.dequantize(8, np.zeros(10, np.uint8), 4, 64, np.zeros((4, 64), np.float32))

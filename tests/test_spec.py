@@ -113,3 +113,13 @@ def test_draft_larger_warning_only(smol_path, smol):
     with Model(smol_path, device="cpu", n_ctx=64, n_layer=12) as small:
         with pytest.warns(DraftLargerWarning):
             check_draft(small, smol)
+
+
+def test_small_draft_context_does_not_change_output(smol_path):
+    """A draft whose n_ctx is smaller than the target's drafts while it can, then rounds fall back
+    to d = 0: same ids as plain decoding, same length."""
+    with Model(smol_path, device="cpu", n_ctx=64) as t, Model(smol_path, device="cpu", n_ctx=16, n_layer=24) as d:
+        ids = t.tokenizer.encode("Once upon a time, in a land far away,")
+        ref = generate(t, ids, SamplingParams(temperature=0), 30)
+        res = generate(t, ids, SamplingParams(temperature=0), 30, draft=d, spec_draft_n=4, spec_adaptive=True)
+        assert res.generated_ids == ref.generated_ids and len(res.generated_ids) == 30

@@ -55,6 +55,10 @@ static int validate(const mi_model_desc *d) {
     if (d->n_layer <= 0 || d->n_embd <= 0 || d->n_ff <= 0 || d->n_head <= 0 || d->n_head_kv <= 0 || d->head_dim <= 0 ||
         d->n_vocab <= 0 || d->n_head % d->n_head_kv || d->head_dim % 2 || d->n_embd % 32 || d->n_ff % 32)
         return mi_set_error(MI_ERR_ARG, "invalid model dimensions");
+    if (d->rope_type != MI_ROPE_NORM && d->rope_type != MI_ROPE_NEOX)
+        return mi_set_error(MI_ERR_ARG, "unknown rope type %d", d->rope_type);
+    if (!(d->rope_freq_base > 0.0f) || !(d->rms_eps >= 0.0f))
+        return mi_set_error(MI_ERR_ARG, "rope freq_base must be > 0 and rms eps >= 0");
     const int64_t E = d->n_embd, F = d->n_ff, QD = (int64_t)d->n_head * d->head_dim, KD = (int64_t)d->n_head_kv * d->head_dim;
     int rc;
     if ((rc = check_tensor(&d->tok_embd, "token_embd", E, d->n_vocab, 1))) return rc;
@@ -186,7 +190,11 @@ int mi_forward(mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
     const mi_model_desc *d = &c->d;
     if (nt < 1 || nt > c->max_nt) return mi_set_error(MI_ERR_ARG, "nt %d out of range 1..%d", nt, c->max_nt);
     if (n_out < 0 || n_out > nt) return mi_set_error(MI_ERR_ARG, "n_out %d out of range 0..%d", n_out, nt);
+    if (!tokens || !pos || (n_out > 0 && !out_rows)) return mi_set_error(MI_ERR_ARG, "null tokens, positions or out rows");
     for (int t = 0; t < nt; t++) {
+        /* one batch = consecutive positions: the causal rule (row i sees slots <= pos[i]) and the
+         * bitwise row contract are defined for that shape only */
+        if (pos[t] != pos[0] + t) return mi_set_error(MI_ERR_ARG, "positions of a batch must be consecutive");
         if (tokens[t] < 0 || tokens[t] >= d->n_vocab)
             return mi_set_error(MI_ERR_ARG, "token id %d out of range 0..%d", tokens[t], d->n_vocab - 1);
         if (pos[t] < 0 || pos[t] >= c->n_ctx)
