@@ -122,8 +122,8 @@ class ChatSession:
         self.messages.append({"role": "assistant", "content": reply})
         self._last_reply = reply
         if res is None:
-            # stopped early: chunks need not list every generated id (tokens that produce no text
-            # are not streamed), so only the prompt is known to be cached; re-encode next turn
+            # stopped early (Ctrl-C): the reply was cut mid-stream, so the next turn re-renders the
+            # history and reuses only the cached prefix that still matches it
             self._last_prompt_text, self._last_seq = None, []
             return None
         gen = list(res.generated_ids)

@@ -97,9 +97,12 @@ class AdaptiveDepth:
         self.history: list[int] = []
 
     def p(self) -> np.ndarray:
+        """Smoothed conditional acceptance per draft position, [max_depth + 1] (index 0 unused)."""
         return self.acc / (self.acc + self.rej)
 
     def c_verify(self, nt: int) -> float | None:
+        """Seconds of one nt-row target forward: min of the last 4 measured, else extrapolated
+        optimistically from the nearest measured nt (+5% per row); None before any measurement."""
         w = self.verify_cost[nt]
         if w:
             return min(w)
@@ -110,6 +113,7 @@ class AdaptiveDepth:
         return c * (1.0 + 0.05 * max(nt - k, 0))  # optimistic growth for unseen batch sizes
 
     def rate(self, d: int) -> float:
+        """Expected tokens per second of a round at depth d (inf for the first depth to try)."""
         cv = self.c_verify(d + 1)
         cd = min(self.draft_step) if self.draft_step else None
         if cv is None or (d > 0 and cd is None):
@@ -119,6 +123,8 @@ class AdaptiveDepth:
         return exp_tokens / (cv + d * (cd or 0.0))
 
     def choose(self) -> int:
+        """Depth of the next round: d = 0 first (measures C_T(1)), then ``start``, then the best
+        expected rate, switching only when it beats the current depth's by the hysteresis."""
         if not self.history:
             d = 0
         elif len(self.history) == 1:
@@ -132,6 +138,8 @@ class AdaptiveDepth:
         return d
 
     def update(self, d: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+        """Record a finished round: depth d, accepted drafts, draft and verify seconds. Positions
+        1..min(n_accepted + 1, d) were observed (accepted, then the first rejection)."""
         self.verify_cost[d + 1].append(verify_s)
         if d:
             self.draft_step.append(draft_s / d)
@@ -246,7 +254,8 @@ class SpecDecoder:
 
     def spec_stats(self) -> dict[str, Any]:
         """Rounds, drafted/accepted counts (total and per draft position), acceptance, mean
-        accepted length, tokens per round, draft and verify seconds, depths used."""
+        accepted length, tokens per round, draft and verify seconds, depths used. Counts cover
+        whole rounds, including tokens of the last round the caller did not consume."""
         drafted = int(self.drafted_at.sum())
         accepted = int(self.accepted_at.sum())
         n = max(len(self.depths), 1)
