@@ -105,6 +105,7 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
         from .spec import SpecDecoder
 
         dec: Any = SpecDecoder(model, draft, sampler, draft_n=spec_draft_n, adaptive=spec_adaptive)
+        dec.max_tokens = max_tokens
     else:
         dec = PlainDecoder(model, sampler)
     tok = model.tokenizer

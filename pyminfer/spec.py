@@ -176,6 +176,7 @@ class SpecDecoder:
         self.depths: list[int] = []
         self.draft_n_past = 0  # positions of the committed text whose K/V the draft holds
         self.window = max(sampler.p.repeat_last_n, 1)
+        self.max_tokens: int | None = None  # set by the caller: no drafting past what it will take
 
     def _choose(self, row: np.ndarray | int, hist: Sequence[int]) -> int:
         if isinstance(row, (int, np.integer)):
@@ -213,6 +214,8 @@ class SpecDecoder:
                 raise ContextFull(f"context full at n_ctx={n_ctx}")
             d = self.adaptive.choose() if self.adaptive else self.draft_n
             d = max(0, min(d, n_ctx - 1 - p, D.n_ctx - 1 - p))
+            if self.max_tokens is not None:  # a round yields <= d + 1 tokens; draft no more than needed
+                d = max(0, min(d, self.max_tokens - self.emitted - 1))
             if self.adaptive:
                 self.adaptive.cur = self.adaptive.history[-1] = d  # record what ran, not what was asked
             ta = time.perf_counter()
