@@ -18,10 +18,8 @@ __device__ __forceinline__ float mi_silu_mul(float g, float u) {
 }
 
 template <int T, int NT>
-__device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi_block_q8a *xq, int64_t ldxb,
+__device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int c, const mi_block_q8a *xq, int64_t ldxb,
                                              float *acc) {
-    mi_chunk ch;
-    mi_qt<T>::load(row + (int64_t)(c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const mi_block_q8a *a = xq + t * ldxb + c;
@@ -34,6 +32,14 @@ __device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi
         if (mi_qt<T>::HAS_MIN) r = __fadd_rn(r, __fmul_rn(ch.mw, a->s));
         acc[t] = __fadd_rn(acc[t], r);
     }
+}
+
+template <int T, int NT>
+__device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi_block_q8a *xq, int64_t ldxb,
+                                             float *acc) {
+    mi_chunk ch;
+    mi_qt<T>::load(row + (int64_t)(c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch);
+    mi_chunk_dot<T, NT>(ch, c, xq, ldxb, acc);  // one chunk formula for every kernel (bitwise rows)
 }
 
 // Sum acc[NT] over the tpr threads of each row; the row's thread j == 0 gets the result.
@@ -119,22 +125,6 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 // any sum, so U may depend on NT (fewer registers for wide NT) and rows stay bitwise equal.
 constexpr int MI_MMVQ_WARPS = 4;
 
-template <int T, int NT>
-__device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int c, const mi_block_q8a *xq, int64_t ldxb,
-                                             float *acc) {
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const mi_block_q8a *a = xq + t * ldxb + c;
-        const int2 *aq = (const int2 *)a->qs;
-        const int2 a0 = aq[0], a1 = aq[1], a2 = aq[2], a3 = aq[3];
-        const int s0 = __dp4a(ch.q[3], a1.y, __dp4a(ch.q[2], a1.x, __dp4a(ch.q[1], a0.y, __dp4a(ch.q[0], a0.x, 0))));
-        const int s1 = __dp4a(ch.q[7], a3.y, __dp4a(ch.q[6], a3.x, __dp4a(ch.q[5], a2.y, __dp4a(ch.q[4], a2.x, 0))));
-        const int isum = ch.sc0 * s0 + ch.sc1 * s1;
-        float r = __fmul_rn(__fmul_rn(ch.dw, a->d), (float)isum);
-        if (mi_qt<T>::HAS_MIN) r = __fadd_rn(r, __fmul_rn(ch.mw, a->s));
-        acc[t] = __fadd_rn(acc[t], r);
-    }
-}
 
 template <int T, int NT, bool GLU, int U>
 __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
