@@ -196,6 +196,9 @@ def main():
     ap.add_argument("--ab-mmvq", action="store_true",
                     help="per model: tg @0 and nt=8 with MI_CUDA_MMVQ=0 (block-per-row), 1 (one warp per row), "
                          "2 (1-4 warps per row, default) interleaved 0,1,2,0,1,2 on the same weights; medians")
+    ap.add_argument("--ab-env", action="append", default=[], metavar="VAR=V1,V2",
+                    help="per model: tg @0 and nt=8 under each value of the environment variable VAR, "
+                         "interleaved V1,V2,..,V1,V2,.. on the same weights; medians (repeatable)")
     ap.add_argument("--curve", action="store_true", help="verify cost curve C_T(nt)/C_T(1), nt = 1..16")
     ap.add_argument("--accept", default=None,
                     help="JSON file {category: [conditional acceptance p_1..p_7]} measured on the real pair: "
@@ -211,7 +214,7 @@ def main():
         t0 = time.time()
         cfg, tensors, keep, per_token = synthetic_model(rng, types=types_for(name), **shp)
         t1 = time.time()
-        ctx = _core.Context(cfg, tensors, args.depth + 512, 64, 0, 1, keep)
+        ctx = _core.Context(cfg, tensors, args.depth + 1024, 512, 0, 1, keep)
         t2 = time.time()
         print(f"{name}: built in {t1 - t0:.1f}s, uploaded in {t2 - t1:.1f}s, {per_token / 1e9:.3f} GB/token")
         roof = 4.5e12 / per_token
@@ -226,30 +229,48 @@ def main():
         b8 = decode_times(ctx, 10, start_pos=0, nt=8)[2:]
         med = statistics.median(b8)
         rows.append((name, "nt=8 batch @0", 8 / med, float("nan"), min(b8) * 1e3))
-        t0 = time.perf_counter()
-        prefill(ctx, 512, nt=64)
-        dt = time.perf_counter() - t0
-        rows.append((name, "prefill 512 (nt=64)", 512 / dt, float("nan"), dt * 1e3))
+        for nt in (64, 512):
+            prefill(ctx, 512, nt=nt)  # warm
+            pt = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                prefill(ctx, 512, nt=nt)
+                pt.append(time.perf_counter() - t0)
+            dt = statistics.median(pt)
+            rows.append((name, f"prefill 512 (nt={nt})", 512 / dt, float("nan"), dt * 1e3))
         if args.curve:
             curves[name] = verify_curve(ctx)
         ctx.close()
-        if args.ab_mmvq:
+        ab_specs = ([("MI_CUDA_MMVQ", ["0", "1", "2"])] if args.ab_mmvq else []) + \
+            [(e.split("=")[0], e.split("=")[1].split(",")) for e in args.ab_env]
+        for var, vals in ab_specs:
             import os
-            ab = {"0": [], "1": [], "2": []}
-            ab8 = {"0": [], "1": [], "2": []}
-            for v in ("0", "1", "2", "0", "1", "2"):
-                os.environ["MI_CUDA_MMVQ"] = v
-                c2 = _core.Context(cfg, tensors, 1024, 8, 0, 1, keep)
+            ab = {v: [] for v in vals}
+            ab8 = {v: [] for v in vals}
+            abp = {v: [] for v in vals}
+            old = os.environ.get(var)
+            for v in vals * 2:  # interleaved A, B, ..., A, B, ...
+                os.environ[var] = v
+                c2 = _core.Context(cfg, tensors, 1024, 64, 0, 1, keep)
                 decode_times(c2, 5)
                 ab[v] += decode_times(c2, args.tokens // 2)
                 ab8[v] += decode_times(c2, 10, start_pos=0, nt=8)[2:]
+                prefill(c2, 512)
+                t0 = time.perf_counter()
+                prefill(c2, 512)
+                abp[v].append(time.perf_counter() - t0)
                 c2.close()
-            del os.environ["MI_CUDA_MMVQ"]
-            for v in ("0", "1", "2"):
+            if old is None:
+                del os.environ[var]
+            else:
+                os.environ[var] = old
+            for v in vals:
                 med = statistics.median(ab[v])
-                rows.append((name, f"A/B tg @0 mmvq={v}", 1 / med, 100 / med / roof, min(ab[v]) * 1e3))
+                rows.append((name, f"A/B tg @0 {var[8:]}={v}", 1 / med, 100 / med / roof, min(ab[v]) * 1e3))
                 med8 = statistics.median(ab8[v])
-                rows.append((name, f"A/B nt=8 mmvq={v}", 8 / med8, float("nan"), min(ab8[v]) * 1e3))
+                rows.append((name, f"A/B nt=8 {var[8:]}={v}", 8 / med8, float("nan"), min(ab8[v]) * 1e3))
+                medp = statistics.median(abp[v])
+                rows.append((name, f"A/B pp512/64 {var[8:]}={v}", 512 / medp, float("nan"), min(abp[v]) * 1e3))
         for r in rows[n_rows0:]:  # as we go, so a run cut short still reports
             print(f"  {r[0]:6} {r[1]:22} {r[2]:10.1f} {r[3]:11.1f} {r[4]:9.3f}", flush=True)
         del keep, tensors

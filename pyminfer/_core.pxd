@@ -34,6 +34,8 @@ cdef extern from "pyminfer.h" nogil:
     int mi_dequantize(int32_t type, const void *src, int64_t n_rows, int64_t n_cols, float *dst)
     int mi_op_matmul(int32_t device, int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                      int32_t nt, float *y, int32_t n_threads)
+    int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
+                       const float *bias, int32_t accumulate, float *y)
     int mi_op_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps)
     int mi_op_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t pos, float freq_base, int32_t rope_type)
     int mi_op_attention(const float *q, const float *k, const float *v, int32_t n_kv, int32_t head_dim, float scale,

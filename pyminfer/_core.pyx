@@ -227,6 +227,39 @@ def matmul(int device, int type, const unsigned char[::1] w, int64_t n_rows, int
     _check(rc)
 
 
+def mmq(int type, const unsigned char[::1] w, int64_t n_rows, int64_t n_cols, const float[:, ::1] x, bias=None,
+        y0=None):
+    """CUDA tensor-core GEMM (native/cuda/mmq.cuh), the prefill path: returns a new float32
+    [nt, n_rows] = y0 + bias + x[nt, n_cols] @ W.T, W raw bytes of ggml ``type``, W and x rounded
+    to f16 with f32 sums. ``bias``: float32 [n_rows] or None; ``y0``: float32 [nt, n_rows] to
+    accumulate into (not modified), or None. n_cols must be a multiple of 32."""
+    import numpy as np
+    cdef int nt = x.shape[0]
+    if nt < 1 or n_rows <= 0 or x.shape[1] != n_cols:
+        raise ValueError("shape mismatch: x [nt >= 1, n_cols], n_rows > 0")
+    if n_cols % 32:
+        raise ValueError(f"n_cols {n_cols} must be a multiple of 32")
+    if w.shape[0] < n_rows * _row_bytes(type, n_cols):
+        raise ValueError(f"w holds {w.shape[0]} bytes, {n_rows} rows need {n_rows * _row_bytes(type, n_cols)}")
+    out = np.empty((nt, n_rows), np.float32) if y0 is None else np.array(y0, dtype=np.float32, order="C")
+    if out.shape != (nt, n_rows):
+        raise ValueError(f"y0 must be [nt, n_rows] = [{nt}, {n_rows}], got {list(out.shape)}")
+    cdef float[:, ::1] y = out
+    cdef const float[::1] b
+    cdef const float *bp = NULL
+    if bias is not None:
+        b = np.ascontiguousarray(bias, dtype=np.float32)
+        if b.shape[0] != n_rows:
+            raise ValueError(f"bias must hold n_rows = {n_rows} floats, got {b.shape[0]}")
+        bp = &b[0]
+    cdef int acc = y0 is not None
+    cdef int rc
+    with nogil:
+        rc = mi_cuda_op_mmq(type, &w[0], n_rows, n_cols, &x[0, 0], nt, bp, acc, &y[0, 0])
+    _check(rc)
+    return out
+
+
 def rmsnorm(const float[::1] x, const float[::1] w, float[::1] y, float eps) -> None:
     """CPU RMSNorm of one f32 row: y = x / sqrt(mean(x^2) + eps) * w (all [n])."""
     if w.shape[0] != x.shape[0] or y.shape[0] != x.shape[0]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+# ../shared/golden beside the repo, or $PYMINFER_GOLDEN_DIR (the GPU machine gets a carried copy).
+GOLDEN = Path(os.environ.get("PYMINFER_GOLDEN_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "golden")
 
 
 def golden(name: str) -> dict:

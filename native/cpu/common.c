@@ -64,4 +64,8 @@ int mi_type_supported(int32_t t) { return mi_type_block_bytes(t) != 0; }
 int mi_cuda_available(void) { return 0; }
 const char *mi_cuda_device_name(void) { return ""; }
 double mi_cuda_copy_bandwidth(void) { return -1.0; }
+int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
+                   const float *bias, int32_t accumulate, float *y) {
+    return mi_set_error(MI_ERR_CUDA, "this build of pyminfer has no CUDA backend");
+}
 #endif

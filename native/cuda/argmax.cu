@@ -13,6 +13,8 @@ __device__ __forceinline__ bool mi_better(float v, int i, float bv, int bi) {
 
 __global__ void __launch_bounds__(MI_ARGMAX_THREADS)
     mi_argmax_kernel(const float *__restrict__ logits, int n, const int32_t *__restrict__ n_rows_d, int32_t *out) {
+    mi_pdl_wait();
+    mi_pdl_trigger();
     const int j = blockIdx.x;
     if (n_rows_d && j >= *n_rows_d) return;
     const float *l = logits + (int64_t)j * n;
@@ -55,7 +57,6 @@ __global__ void __launch_bounds__(MI_ARGMAX_THREADS)
 
 int mi_cuda_argmax(const float *logits, int n_vocab, int n_rows, const int32_t *n_rows_d, int32_t *out, cudaStream_t s) {
     if (n_rows <= 0) return MI_OK;
-    mi_argmax_kernel<<<n_rows, MI_ARGMAX_THREADS, 0, s>>>(logits, n_vocab, n_rows_d, out);
-    MI_LAUNCH_TRY("argmax");
+    MI_LAUNCH("argmax", mi_argmax_kernel, n_rows, MI_ARGMAX_THREADS, s, logits, n_vocab, n_rows_d, out);
     return MI_OK;
 }

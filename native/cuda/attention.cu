@@ -1,6 +1,9 @@
 // Decode attention, flash-decoding style: grid (head, row, split); each block runs an online
 // (exact, max-subtracted) softmax over its slots in f32, four warps interleaving slots; warps
-// and then splits are merged in a fixed order, so the result is deterministic.
+// and then splits are merged in a fixed order, so the result is deterministic. The last block of
+// a (head, row) to finish (a counter, as the CUDA threadFenceReduction sample) merges the splits
+// and quantizes the output: one launch per layer, and the merge reads the partials in split order
+// whichever block runs it.
 #include <math.h>
 #include "attention.cuh"
 
@@ -19,8 +22,11 @@ template <int DPL>
 __global__ void __launch_bounds__(MI_ATTN_THREADS)
     mi_attn_split_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                          const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale,
-                         float *__restrict__ part) {
+                         float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
+                         mi_block_q8a *__restrict__ xq) {
     constexpr int HD = DPL * 32;
+    mi_pdl_wait();
+    mi_pdl_trigger();
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int n_kv = pos[t] + 1;
     int S, n_used;
@@ -100,53 +106,60 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
         out[0] = M;
         out[1] = L;
     }
-}
-
-// One block per (head, row), one warp per 32 dims: merge the splits and quantize the chunk.
-__global__ void mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head,
-                                       int hd, float *__restrict__ att, mi_block_q8a *__restrict__ xq) {
-    const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x % 32;
-    const int qd = n_head * hd, dd = threadIdx.x, d = h * hd + dd, c = d / 32;
-    int S, n_used;
-    mi_attn_split_size(pos[t] + 1, S, n_used);
-    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < n_used; s++) M = fmaxf(M, p[s * (hd + 2)]);
-    float L = 0.0f, A = 0.0f;
-    for (int s = 0; s < n_used; s++) {
-        const float e = expf(p[s * (hd + 2)] - M);
-        L = __fadd_rn(L, __fmul_rn(p[s * (hd + 2) + 1], e));
-        A = __fadd_rn(A, __fmul_rn(p[s * (hd + 2) + 2 + dd], e));
+    // Publish this split, count it; the last of the n_used splits merges (and re-arms the counter).
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t *c = cnt + (int64_t)t * n_head + h;
+        last = atomicAdd(c, 1) == n_used - 1;
+        if (last) *c = 0;
     }
-    const float o = __fmul_rn(A, __frcp_rn(L));
-    att[(int64_t)t * qd + d] = o;
-    mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + c, lane);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
+    float PM = -INFINITY;
+    for (int i = 0; i < n_used; i++) PM = fmaxf(PM, __ldcg(p + i * (HD + 2)));
+    const int qd = n_head * HD;
+    for (int c = warp; c < HD / 32; c += MI_ATTN_WARPS) { // one warp per 32 dims: its q8a block
+        const int dd = 32 * c + lane;
+        float PL = 0.0f, A = 0.0f;
+        for (int i = 0; i < n_used; i++) {
+            const float e = expf(__ldcg(p + i * (HD + 2)) - PM);
+            PL = __fadd_rn(PL, __fmul_rn(__ldcg(p + i * (HD + 2) + 1), e));
+            A = __fadd_rn(A, __fmul_rn(__ldcg(p + i * (HD + 2) + 2 + dd), e));
+        }
+        const float o = __fmul_rn(A, __frcp_rn(PL));
+        att[(int64_t)t * qd + h * HD + dd] = o;
+        mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + h * (HD / 32) + c, lane);
+    }
 }
 
 template <int DPL>
-void mi_attn_launch(const float *q, const __half *kc, const __half *vc, const int32_t *pos, int nt, int n_head,
-                    int n_head_kv, float scale, float *part, cudaStream_t s) {
-    dim3 grid(n_head, nt, MI_ATTN_SPLITS);
-    mi_attn_split_kernel<DPL><<<grid, MI_ATTN_THREADS, 0, s>>>(q, kc, vc, pos, n_head, n_head_kv, scale, part);
+cudaError_t mi_attn_launch(const float *q, const __half *kc, const __half *vc, const int32_t *pos, int nt, int n_head,
+                           int n_head_kv, float scale, float *part, int32_t *cnt, float *att, mi_block_q8a *xq,
+                           cudaStream_t s) {
+    return mi_launch(mi_attn_split_kernel<DPL>, dim3(n_head, nt, MI_ATTN_SPLITS), MI_ATTN_THREADS, s, q, kc, vc, pos,
+                     n_head, n_head_kv, scale, part, cnt, att, xq);
 }
 } // namespace
 
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
-                      int n_head, int n_head_kv, int hd, float scale, float *part, float *att, mi_block_q8a *xq,
-                      cudaStream_t s) {
+                      int n_head, int n_head_kv, int hd, float scale, float *part, int32_t *cnt, float *att,
+                      mi_block_q8a *xq, cudaStream_t s) {
+    cudaError_t e = cudaSuccess;
     switch (hd / 32) {
-    case 1: mi_attn_launch<1>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
-    case 2: mi_attn_launch<2>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
-    case 3: mi_attn_launch<3>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
-    case 4: mi_attn_launch<4>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
-    case 5: mi_attn_launch<5>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
-    case 6: mi_attn_launch<6>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
-    case 7: mi_attn_launch<7>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
-    case 8: mi_attn_launch<8>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, s); break;
+    case 1: e = mi_attn_launch<1>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
+    case 2: e = mi_attn_launch<2>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
+    case 3: e = mi_attn_launch<3>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
+    case 4: e = mi_attn_launch<4>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
+    case 5: e = mi_attn_launch<5>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
+    case 6: e = mi_attn_launch<6>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
+    case 7: e = mi_attn_launch<7>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
+    case 8: e = mi_attn_launch<8>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
     default: return mi_set_error(MI_ERR_ARG, "CUDA attention: head_dim %d not a multiple of 32 up to 256", hd);
     }
-    MI_LAUNCH_TRY("attention");
-    mi_attn_combine_kernel<<<dim3(n_head, nt), hd, 0, s>>>(part, pos, n_head, hd, att, xq);
-    MI_LAUNCH_TRY("attention combine");
+    if (e != cudaSuccess) return mi_set_error(MI_ERR_CUDA, "launch attention: %s", cudaGetErrorString(e));
     return MI_OK;
 }

@@ -1,5 +1,5 @@
-// Attention over the f16 KV cache: split-KV partial softmax, then combine fused with the q8a
-// quantization of the output (the input of attn_output).
+// Attention over the f16 KV cache: split-KV partial softmax; the last split of each (row, head)
+// merges them and quantizes the output to q8a (the input of attn_output). One launch.
 #ifndef MI_CUDA_ATTENTION_CUH
 #define MI_CUDA_ATTENTION_CUH
 #include "common.cuh"
@@ -14,7 +14,9 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 }
 // att [nt][n_head*hd] f32 and xq [nt][n_head*hd/32] = softmax(q k^T * scale) v per head, row t
 // over slots 0..pos[t] of k_cache / v_cache ([n_ctx][n_head_kv*hd] f16 of this layer).
+// part: mi_attn_part_floats(nt, ...) floats of scratch; cnt: int32 [nt][n_head], zero before the
+// first call (each call leaves it zero again).
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
-                      int n_head, int n_head_kv, int hd, float scale, float *part, float *att, mi_block_q8a *xq,
-                      cudaStream_t s);
+                      int n_head, int n_head_kv, int hd, float scale, float *part, int32_t *cnt, float *att,
+                      mi_block_q8a *xq, cudaStream_t s);
 #endif

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "pyminfer.h"
 
 extern "C" int mi_set_error(int code, const char *fmt, ...);
@@ -72,4 +73,66 @@ __device__ __forceinline__ void mi_quant_chunk_warp(float v, mi_block_q8a *out, 
         out->s = __fmul_rn(d, (float)sum);
     }
 }
+
+// Programmatic dependent launch (PDL, sm_90+; CUDA programming guide, "Programmatic Dependent
+// Launch and Synchronization"). Every kernel of the forward is launched with mi_launch, which lets
+// it start while the kernel before it drains; the kernel must call mi_pdl_wait() before it reads
+// anything an earlier kernel wrote, and before it exits (every block), so that completion stays
+// transitive along the chain. Work that reads only constants (weights) may run before the wait:
+// the mat-vec kernels prefetch their weight rows into L2 there, overlapping the previous kernel.
+// Below sm_90 both are no-ops and launches are plain. MI_CUDA_PDL=0 turns it off (A/B timing; read
+// at each launch, so a captured graph keeps what was set at capture).
+__device__ __forceinline__ void mi_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Let the next kernel launch now (its blocks then fill SMs as this grid's blocks retire).
+__device__ __forceinline__ void mi_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Bring bytes [p, p + n) towards L2 (hints only: never faults past nothing, changes no result).
+__device__ __forceinline__ void mi_prefetch_l2(const uint8_t *p, int64_t n) {
+    for (int64_t o = (int64_t)threadIdx.x * 128; o < n; o += (int64_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
+
+static inline bool mi_pdl_on(cudaStream_t s) {
+    static int cc_major = -1; // of device 0, the only one the backend uses
+    if (cc_major < 0) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            cudaGetLastError();
+            v = 0;
+        }
+        cc_major = v;
+    }
+    const char *e = getenv("MI_CUDA_PDL");
+    // Only on created streams: the legacy default stream (op-level tests) keeps plain launches.
+    return s != 0 && cc_major >= 9 && !(e && e[0] == '0');
+}
+
+// kernel<<<grid, block, 0, s>>>(args...) with the PDL attribute where mi_pdl_on(s).
+template <typename... P, typename... A>
+cudaError_t mi_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t s, A &&...args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = mi_pdl_on(s) ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+// Launch as mi_launch and return MI_ERR_CUDA from the enclosing function on failure.
+#define MI_LAUNCH(name, kernel, grid, block, s, ...)                                                        \
+    do {                                                                                                    \
+        cudaError_t mi_e_ = mi_launch(kernel, grid, block, s, __VA_ARGS__);                                 \
+        if (mi_e_ != cudaSuccess) return mi_set_error(MI_ERR_CUDA, "launch %s: %s", name, cudaGetErrorString(mi_e_)); \
+    } while (0)
 #endif

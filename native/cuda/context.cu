@@ -1,8 +1,10 @@
 // CUDA backend: context (weights uploaded once in their GGUF layouts, f16 KV cache, scratch),
 // the transformer forward as a chain of kernels, and one CUDA graph per batch size nt <= 8.
 // Data path per layer (as cpu/forward.c, rows independent):
-//   x -> rmsnorm+quant -> q,k,v (+bias) -> rope + f16 KV write -> split attention -> combine+quant
-//     -> wo (+= x) -> rmsnorm+quant -> silu(gate)*up (one launch) -> quant -> down (+= x)
+//   x -> rmsnorm+quant -> q,k,v (+bias) -> rope + f16 KV write -> split attention (+ merge, quant)
+//     -> wo (+= x) -> rmsnorm+quant -> silu(gate)*up (+ quant, one launch) -> down (+= x)
+// Kernels are chained with programmatic dependent launch (common.cuh): each starts while the one
+// before drains, and the mat-vecs prefetch their weights meanwhile.
 // Everything a forward reads that changes between calls (tokens, positions, out rows, n_out) lives
 // in device buffers filled by one copy before launch, so a captured graph replays for any position.
 // Set MI_CUDA_GRAPHS=0 in the environment to run every forward without graphs.
@@ -14,6 +16,7 @@
 #include "attention.cuh"
 #include "backend.h"
 #include "common.cuh"
+#include "mmq.cuh"
 #include "mmvq.cuh"
 #include "norm.cuh"
 #include "rope.cuh"
@@ -41,6 +44,16 @@ struct mi_cuda_ctx {
     float *x;              // [max_nt][n_embd] residual stream
     float *xn;             // [max_nt][max(n_embd, q_dim, n_ff)] normed f32 input (F32/F16 weights read it)
     mi_block_q8a *xq;      // [max_nt][max(n_embd, q_dim, n_ff)/32] quantized matmul input
+    mi_block_q8a *xq_ff;   // [max_nt][n_ff/32] quantized ffn_down input (written while xq is read)
+    int32_t *attn_cnt;     // [max_nt][n_head] attention split counters (kept zero between launches)
+    int32_t *ff_cnt;       // [n_ff/32] SwiGLU 32-row group counters (kept zero between launches)
+    // MI_CUDA_FUSE=1: the SwiGLU launch also quantizes its output (last block per 32 rows) instead
+    // of a separate quantize launch. Off by default: on the H200 with PDL the fence + counter in
+    // every block cost more than the launch saved (1.5B 762 vs 779 tok/s, 0.5B 1232 vs 1264).
+    int fuse_quant;
+    int no_mmq;            // MI_CUDA_MMQ=0: nt >= 9 loops the 8-row mat-vec instead (A/B, tests)
+    float *mmq_scratch;    // [mmq_scratch_floats] K-split partials of the tensor-core GEMM
+    size_t mmq_scratch_floats;
     float *q, *k, *v;      // [max_nt][q_dim], [max_nt][kv_dim] x2
     float *att;            // [max_nt][q_dim] attention output
     float *ff;             // [max_nt][n_ff] SwiGLU output
@@ -130,13 +143,27 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
         MI_RUN(call);                           \
         if (prof) mi_prof_mark(c, kind);        \
     } while (0)
+    // nt >= MI_MMQ_MIN_NT (prefill, wide batches; never graphed): tensor-core GEMM on the f32
+    // inputs, within a tolerance of the mat-vec path (mmq.cuh); below it the bitwise MMVQ.
+    const bool gemm = !graph && nt >= MI_MMQ_MIN_NT && !c->no_mmq;
+    auto mm = [&](const mi_dtensor *w, const mi_block_q8a *xq, const float *xf, int64_t ldx, int rows_in, float *y,
+                  int64_t ldy, const float *bias, int acc) -> int {
+        if (gemm && mi_cuda_mmq_applies(w->type, w->n_cols, rows_in))
+            return mi_cuda_mmq(w, xf, ldx, rows_in, y, ldy, bias, acc, c->mmq_scratch, c->mmq_scratch_floats, s);
+        return mi_cuda_mmvq(w, nullptr, xq, xf, ldx, rows_in, y, ldy, bias, acc, s);
+    };
     if (prof) mi_prof_mark(c, -1);
     MI_RUNK(MI_P_EMBED, mi_cuda_embed_rope(&c->tok_embd, tok, pos, nt, HD, c->rope_base, c->x, c->rope_cs, s));
     for (int l = 0; l < c->n_layer; l++) {
         const mi_cuda_layer *L = &c->layers[l];
         __half *kc = c->kv_k + (size_t)l * c->n_ctx * KD, *vc = c->kv_v + (size_t)l * c->n_ctx * KD;
         MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->attn_norm, c->rms_eps, E, c->xn, c->xq, s));
-        for (int gi = 0; gi < L->n_qkv; gi++) {
+        if (gemm) {
+            MI_RUNK(MI_P_MM_Q, mm(&L->wq, c->xq, c->xn, E, nt, c->q, QD, L->bq, 0));
+            MI_RUNK(MI_P_MM_Q, mm(&L->wk, c->xq, c->xn, E, nt, c->k, KD, L->bk, 0));
+            MI_RUNK(MI_P_MM_Q, mm(&L->wv, c->xq, c->xn, E, nt, c->v, KD, L->bv, 0));
+        }
+        for (int gi = 0; gi < (gemm ? 0 : L->n_qkv); gi++) {
             float *const ys[3] = {c->q, c->k, c->v};
             const int64_t lds[3] = {QD, KD, KD};
             const float *const bs[3] = {L->bq, L->bk, L->bv};
@@ -156,24 +183,43 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
         }
         MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
                                s));
-        MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale, c->part, c->att, c->xq,
-                                 s));
-        MI_RUNK(MI_P_MM_O, mi_cuda_mmvq(&L->wo, nullptr, c->xq, c->att, QD, nt, c->x, E, nullptr, 1, s));
+        MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale, c->part,
+                                             c->attn_cnt, c->att, c->xq, s));
+        MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
         MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
-        if (!c->split_ffn) {
-            MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_mmvq(&L->gate, &L->up, c->xq, c->xn, E, nt, c->ff, F, nullptr, 0, s));
+        const bool q_down = L->down.type != MI_TYPE_F32 && L->down.type != MI_TYPE_F16;
+        bool quantized = false; // ffn_down needs no separate quantize launch
+        if (gemm) {
+            MI_RUNK(MI_P_MM_FFN_IN, mm(&L->gate, c->xq, c->xn, E, nt, c->gate, F, nullptr, 0));
+            MI_RUNK(MI_P_MM_FFN_IN, mm(&L->up, c->xq, c->xn, E, nt, c->up, F, nullptr, 0));
+            MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_swiglu(c->gate, c->up, c->ff, (int64_t)nt * F, s));
+            quantized = mi_cuda_mmq_applies(L->down.type, F, nt); // the GEMM reads ff in f32: no q8a
+        } else if (!c->split_ffn) {
+            mi_mmvq_out o;
+            memset(&o, 0, sizeof o);
+            o.n_seg = 1;
+            o.end[0] = F;
+            o.y[0] = c->ff;
+            o.ldy[0] = F;
+            if (q_down && c->fuse_quant) {
+                o.yq = c->xq_ff;
+                o.ldq = F / 32;
+                o.cnt = c->ff_cnt;
+                quantized = true;
+            }
+            MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_mmvq_seg(&L->gate, &L->up, c->xq, c->xn, E, nt, &o, 0, s));
         } else {
             MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_mmvq(&L->gate, nullptr, c->xq, c->xn, E, nt, c->gate, F, nullptr, 0, s));
             MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_mmvq(&L->up, nullptr, c->xq, c->xn, E, nt, c->up, F, nullptr, 0, s));
             MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_swiglu(c->gate, c->up, c->ff, (int64_t)nt * F, s));
         }
-        if (L->down.type != MI_TYPE_F32 && L->down.type != MI_TYPE_F16) MI_RUNK(MI_P_QUANT, mi_cuda_quantize(c->ff, nt, F, c->xq, s));
-        MI_RUNK(MI_P_MM_DOWN, mi_cuda_mmvq(&L->down, nullptr, c->xq, c->ff, F, nt, c->x, E, nullptr, 1, s));
+        if (q_down && !quantized) MI_RUNK(MI_P_QUANT, mi_cuda_quantize(c->ff, nt, F, c->xq_ff, s));
+        MI_RUNK(MI_P_MM_DOWN, mm(&L->down, c->xq_ff, c->ff, F, nt, c->x, E, nullptr, 1));
     }
     const int n_head_rows = graph ? nt : n_out;
     if (n_head_rows == 0) return MI_OK;
     MI_RUNK(MI_P_HEAD_NORM, mi_cuda_rmsnorm_quant(c->x, rows, n_out_d, n_head_rows, c->output_norm, c->rms_eps, E, c->xn, c->xq, s));
-    MI_RUNK(MI_P_MM_HEAD, mi_cuda_mmvq(&c->output, nullptr, c->xq, c->xn, E, n_head_rows, c->logits, c->n_vocab, nullptr, 0, s));
+    MI_RUNK(MI_P_MM_HEAD, mm(&c->output, c->xq, c->xn, E, n_head_rows, c->logits, c->n_vocab, nullptr, 0));
     MI_RUNK(MI_P_ARGMAX, mi_cuda_argmax(c->logits, c->n_vocab, n_head_rows, n_out_d, amax, s));
 #undef MI_RUNK
 #undef MI_RUN
@@ -257,6 +303,10 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->rope_base = d->rope_freq_base; c->rms_eps = d->rms_eps; c->n_ctx = n_ctx; c->max_nt = max_nt;
     const char *env = getenv("MI_CUDA_GRAPHS");
     c->use_graphs = !(env && strcmp(env, "0") == 0);
+    const char *fe = getenv("MI_CUDA_FUSE");
+    c->fuse_quant = fe && strcmp(fe, "1") == 0;
+    const char *me = getenv("MI_CUDA_MMQ");
+    c->no_mmq = me && strcmp(me, "0") == 0;
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
     if (!c->layers) { free(c); return mi_set_error(MI_ERR_OOM, "out of host memory"); }
     int rc = MI_OK;
@@ -327,6 +377,11 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     int64_t widest = E > F ? E : F;
     if (QD > widest) widest = QD;
     const size_t kv_bytes = (size_t)d->n_layer * n_ctx * KD * sizeof(__half);
+    size_t mmq_floats = 0; // the largest need over the GEMM output widths
+    for (int64_t nr : {E, F, QD, KD, (int64_t)d->n_vocab}) {
+        const size_t f = mi_cuda_mmq_scratch_floats(nr, max_nt);
+        if (f > mmq_floats) mmq_floats = f;
+    }
     const size_t sizes[] = {
         kv_bytes, kv_bytes,
         (size_t)max_nt * E * 4,                                    // x
@@ -335,11 +390,15 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         (size_t)max_nt * QD * 4, (size_t)max_nt * KD * 4, (size_t)max_nt * KD * 4, // q k v
         (size_t)max_nt * QD * 4,                                   // att
         (size_t)max_nt * F * 4,                                    // ff
-        c->split_ffn ? (size_t)max_nt * F * 4 : 0, c->split_ffn ? (size_t)max_nt * F * 4 : 0, // gate up
+        (size_t)max_nt * F * 4, (size_t)max_nt * F * 4,           // gate up (split types, or the GEMM path)
         (size_t)max_nt * HD * 4,                                   // rope_cs
         mi_attn_part_floats(max_nt, d->n_head, d->head_dim) * 4,   // part
         (size_t)max_nt * d->n_vocab * 4,                           // logits
         ((size_t)4 * max_nt + 1) * 4,                              // ints
+        (size_t)max_nt * (F / 32) * sizeof(mi_block_q8a),          // xq_ff
+        (size_t)max_nt * d->n_head * 4,                            // attn_cnt
+        (size_t)(F / 32 + 1) * 4,                                  // ff_cnt
+        mmq_floats * 4,                                            // mmq_scratch
     };
     const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
     size_t abytes = 0;
@@ -363,6 +422,8 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->att = (float *)ptrs[8]; c->ff = (float *)ptrs[9]; c->gate = (float *)ptrs[10]; c->up = (float *)ptrs[11];
     c->rope_cs = (float *)ptrs[12]; c->part = (float *)ptrs[13]; c->logits = (float *)ptrs[14];
     c->ints = (int32_t *)ptrs[15];
+    c->xq_ff = (mi_block_q8a *)ptrs[16]; c->attn_cnt = (int32_t *)ptrs[17]; c->ff_cnt = (int32_t *)ptrs[18];
+    c->mmq_scratch = (float *)ptrs[19]; c->mmq_scratch_floats = mmq_floats;
     MI_FAIL([&]() -> int {
         MI_CUDA_TRY(cudaMallocHost(&c->h_ints, ((size_t)4 * max_nt + 1) * 4));
         MI_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

@@ -11,6 +11,9 @@
 // (t, r) uses the same reduction order whatever nt, so rows are bitwise equal to nt = 1.
 // Outputs of a launch over the stacked rows of several matrices of one type (q, k, v uploaded
 // back to back): rows [end[i-1], end[i]) go to y[i] (+ bias[i]), row index restarting at 0.
+// yq != NULL (one segment, n_rows a multiple of 32): the output is also quantized, yq [nt][ldq]
+// q8a blocks, by the last block to finish each 32-row group (cnt: int32 [n_rows/32], zero before
+// the launch and left zero), so the next matmul's input needs no launch of its own.
 #define MI_MMVQ_MAX_SEG 3
 struct mi_mmvq_out {
     int n_seg;
@@ -18,9 +21,27 @@ struct mi_mmvq_out {
     float *y[MI_MMVQ_MAX_SEG];
     int64_t ldy[MI_MMVQ_MAX_SEG];
     const float *bias[MI_MMVQ_MAX_SEG];
+    mi_block_q8a *yq;
+    int64_t ldq;
+    int32_t *cnt;
 };
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s);
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                  int nt, float *y, int64_t ldy, const float *bias, int accumulate, cudaStream_t s);
+
+// One launch's arguments (host side): w0/w1 [n_rows][row_bytes] device weights (w1: SwiGLU up or
+// NULL), xq [nt][ldx/32] q8a or xf [nt][ldx] f32 activations, rpb rows per 128-thread block,
+// warp = warps per row for the warp kernel (0: block kernel).
+struct mi_mmvq_args {
+    const uint8_t *w0, *w1;
+    int64_t row_bytes;
+    int n_rows, n_cols;
+    const mi_block_q8a *xq;
+    const float *xf;
+    int64_t ldx;
+    mi_mmvq_out os;
+    int accumulate, rpb, warp;
+};
+template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s);
 #endif

@@ -13,6 +13,8 @@ __global__ void __launch_bounds__(MI_NORM_THREADS)
     mi_rmsnorm_quant_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
                             const int32_t *__restrict__ n_rows_d, const float *__restrict__ w, float eps, int n,
                             float *__restrict__ xn, mi_block_q8a *__restrict__ xq) {
+    mi_pdl_wait();
+    mi_pdl_trigger();
     const int j = blockIdx.x;
     if (n_rows_d && j >= *n_rows_d) return;
     const float *xr = x + (int64_t)(rows ? rows[j] : j) * n;
@@ -41,12 +43,16 @@ __global__ void __launch_bounds__(MI_NORM_THREADS)
 
 __global__ void __launch_bounds__(MI_QUANT_THREADS)
     mi_quantize_kernel(const float *__restrict__ x, int n, mi_block_q8a *__restrict__ xq) {
+    mi_pdl_wait();
+    mi_pdl_trigger();
     const int t = blockIdx.y, lane = threadIdx.x % 32;
     const int c = blockIdx.x * (MI_QUANT_THREADS / 32) + threadIdx.x / 32;
     if (c < n / 32) mi_quant_chunk_warp(x[(int64_t)t * n + 32 * c + lane], xq + (int64_t)t * (n / 32) + c, lane);
 }
 
 __global__ void mi_swiglu_kernel(const float *__restrict__ g, const float *__restrict__ u, float *y, int64_t n) {
+    mi_pdl_wait();
+    mi_pdl_trigger();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fmul_rn(__fdiv_rn(g[i], __fadd_rn(1.0f, expf(-g[i]))), u[i]);
 }
@@ -55,20 +61,17 @@ __global__ void mi_swiglu_kernel(const float *__restrict__ g, const float *__res
 int mi_cuda_rmsnorm_quant(const float *x, const int32_t *rows, const int32_t *n_rows_d, int n_rows, const float *w,
                           float eps, int n, float *xn, mi_block_q8a *xq, cudaStream_t s) {
     if (n_rows <= 0) return MI_OK;
-    mi_rmsnorm_quant_kernel<<<n_rows, MI_NORM_THREADS, 0, s>>>(x, rows, n_rows_d, w, eps, n, xn, xq);
-    MI_LAUNCH_TRY("rmsnorm_quant");
+    MI_LAUNCH("rmsnorm_quant", mi_rmsnorm_quant_kernel, n_rows, MI_NORM_THREADS, s, x, rows, n_rows_d, w, eps, n, xn, xq);
     return MI_OK;
 }
 
 int mi_cuda_quantize(const float *x, int nt, int n, mi_block_q8a *xq, cudaStream_t s) {
     const int per_block = MI_QUANT_THREADS / 32;
-    mi_quantize_kernel<<<dim3((n / 32 + per_block - 1) / per_block, nt), MI_QUANT_THREADS, 0, s>>>(x, n, xq);
-    MI_LAUNCH_TRY("quantize");
+    MI_LAUNCH("quantize", mi_quantize_kernel, dim3((n / 32 + per_block - 1) / per_block, nt), MI_QUANT_THREADS, s, x, n, xq);
     return MI_OK;
 }
 
 int mi_cuda_swiglu(const float *g, const float *u, float *y, int64_t n, cudaStream_t s) {
-    mi_swiglu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(g, u, y, n);
-    MI_LAUNCH_TRY("swiglu");
+    MI_LAUNCH("swiglu", mi_swiglu_kernel, (unsigned)((n + 255) / 256), 256, s, g, u, y, n);
     return MI_OK;
 }

@@ -13,6 +13,8 @@ __global__ void __launch_bounds__(MI_ROPE_THREADS)
     mi_embed_rope_kernel(const uint8_t *__restrict__ emb, int type, int64_t row_bytes, int n,
                          const int32_t *__restrict__ tokens, const int32_t *__restrict__ pos, int hd, float base,
                          float *__restrict__ x, float *__restrict__ rope_cs) {
+    mi_pdl_wait();
+    mi_pdl_trigger();
     const int t = blockIdx.x;
     const uint8_t *row = emb + (int64_t)tokens[t] * row_bytes;
     float *xr = x + (int64_t)t * n;
@@ -46,6 +48,8 @@ __global__ void __launch_bounds__(MI_ROPE_THREADS)
     mi_rope_kv_kernel(float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v, int n_head,
                       int n_head_kv, int hd, int neox, const float *__restrict__ rope_cs,
                       const int32_t *__restrict__ pos, __half *__restrict__ kc, __half *__restrict__ vc) {
+    mi_pdl_wait();
+    mi_pdl_trigger();
     const int t = blockIdx.x, half = hd / 2;
     const int qd = n_head * hd, kvd = n_head_kv * hd;
     const float *cs = rope_cs + (int64_t)t * hd, *sn = cs + half;
@@ -75,17 +79,15 @@ __global__ void __launch_bounds__(MI_ROPE_THREADS)
 
 int mi_cuda_embed_rope(const mi_dtensor *emb, const int32_t *tokens, const int32_t *pos, int nt, int head_dim,
                        float freq_base, float *x, float *rope_cs, cudaStream_t s) {
-    mi_embed_rope_kernel<<<nt, MI_ROPE_THREADS, 0, s>>>(emb->data, emb->type, emb->row_bytes, (int)emb->n_cols, tokens,
-                                                        pos, head_dim, freq_base, x, rope_cs);
-    MI_LAUNCH_TRY("embed_rope");
+    MI_LAUNCH("embed_rope", mi_embed_rope_kernel, nt, MI_ROPE_THREADS, s, emb->data, emb->type, emb->row_bytes,
+              (int)emb->n_cols, tokens, pos, head_dim, freq_base, x, rope_cs);
     return MI_OK;
 }
 
 int mi_cuda_rope_kv(float *q, const float *k, const float *v, int nt, int n_head, int n_head_kv, int hd,
                     int rope_type, const float *rope_cs, const int32_t *pos, __half *k_cache, __half *v_cache,
                     cudaStream_t s) {
-    mi_rope_kv_kernel<<<nt, MI_ROPE_THREADS, 0, s>>>(q, k, v, n_head, n_head_kv, hd, rope_type == MI_ROPE_NEOX,
-                                                     rope_cs, pos, k_cache, v_cache);
-    MI_LAUNCH_TRY("rope_kv");
+    MI_LAUNCH("rope_kv", mi_rope_kv_kernel, nt, MI_ROPE_THREADS, s, q, k, v, n_head, n_head_kv, hd,
+              (int)(rope_type == MI_ROPE_NEOX), rope_cs, pos, k_cache, v_cache);
     return MI_OK;
 }

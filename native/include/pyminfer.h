@@ -82,6 +82,12 @@ int mi_dequantize(int32_t type, const void *src, int64_t n_rows, int64_t n_cols,
  * weights use f32 x). y is [nt, n_rows] f32. */
 int mi_op_matmul(int32_t device, int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                  int32_t nt, float *y, int32_t n_threads);
+/* CUDA tensor-core GEMM (native/cuda/mmq.cuh; the prefill path for nt >= 9), test entry:
+ * y[t, r] = (accumulate ? y[t, r] : 0) + bias[r] + sum_c W[r, c] * x[t, c] with W and x rounded to
+ * f16 and f32 sums (tolerance in mmq.cuh). x [nt, n_cols] f32, n_cols a multiple of 32; bias f32
+ * [n_rows] or NULL; y [nt, n_rows] f32, read when accumulate != 0. MI_ERR_CUDA without a GPU. */
+int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
+                   const float *bias, int32_t accumulate, float *y);
 
 /* CPU transformer ops, one token row per call (tests against numpy; same code as the forward).
  * RMSNorm: y[n] = x / sqrt(mean(x^2) + eps) * w. */

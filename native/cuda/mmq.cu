@@ -1,0 +1,374 @@
+// MMQ: tensor-core GEMM for nt >= 9 activation rows (design, tiles, tolerance: mmq.cuh).
+#include <mma.h>
+#include <stdlib.h>
+#include "mmq.cuh"
+#include "qtypes.cuh"
+
+namespace {
+
+constexpr int BM = MI_MMQ_BM, BN = MI_MMQ_BN, BK = MI_MMQ_BK;
+constexpr int MI_MMQ_THREADS = 256;       // 8 warps: a 4 (rows of W) x 2 (rows of x) grid
+constexpr int LDS = BK + 8;               // halves per row of Ws / Xs: 144 bytes, rows 4 banks apart
+constexpr int LDC = BM + 4;               // floats per row of Cs (wmma ldm: a multiple of 4)
+constexpr int MI_MMQ_MIN_KSTEPS = 2;      // fewest K steps a split gets
+constexpr size_t MI_MMQ_SMEM_AB = (size_t)(BM + BN) * LDS * sizeof(__half);
+constexpr size_t MI_MMQ_SMEM_C = (size_t)BN * LDC * sizeof(float);
+constexpr size_t MI_MMQ_SMEM = MI_MMQ_SMEM_AB > MI_MMQ_SMEM_C ? MI_MMQ_SMEM_AB : MI_MMQ_SMEM_C;
+static_assert(MI_MMQ_THREADS == 2 * BM && MI_MMQ_THREADS == 4 * BN && BK == 64,
+              "loader roles: one thread per (W row, 32-wide chunk) and per (x row, 16 columns)");
+// wmma: ldm a multiple of 8 halves / 4 floats, tile pointers 32-byte aligned (fragment offsets are
+// multiples of 16 rows and 16 columns, so only the Xs base needs checking).
+static_assert(LDS % 8 == 0 && LDC % 4 == 0 && (BM * LDS * sizeof(__half)) % 32 == 0, "wmma alignment");
+
+union mi_h2u {
+    __half2 h;
+    uint32_t u;
+};
+__device__ __forceinline__ uint32_t mi_h2_bits(__half2 h) {
+    mi_h2u c;
+    c.h = h;
+    return c.u;
+}
+__device__ __forceinline__ __half2 mi_bits_h2(uint32_t u) {
+    mi_h2u c;
+    c.u = u;
+    return c.h;
+}
+
+// Dequantized weights of one chunk (32 columns of one row) -> 32 f16 at dst (16-byte aligned).
+// Quantized types: q (int8 x4 per word) becomes f16 exactly by the 0x6400 trick (the byte
+// q + 128 as the mantissa of 1024, minus 1152), then one f16 FMA w = q * (dw*sc) + mw: no
+// int-to-float conversions, which run at quarter rate and would bound the kernel.
+template <int T> struct mi_mmq_wchunk {
+    mi_chunk ch;
+    __device__ __forceinline__ void load(const uint8_t *row, int c) {
+        mi_qt<T>::load(row + (int64_t)(c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch);
+    }
+    __device__ __forceinline__ void store(__half *dst) const {
+        const __half2 d0 = __float2half2_rn(__fmul_rn(ch.dw, (float)ch.sc0));
+        const __half2 d1 = __float2half2_rn(__fmul_rn(ch.dw, (float)ch.sc1));
+        const __half2 m = __float2half2_rn(ch.mw);
+        const __half2 off = __float2half2_rn(1152.0f);
+        uint32_t u[16];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t b = (uint32_t)ch.q[j] ^ 0x80808080u; // int8 -> uint8 + 128
+            const __half2 lo = __hsub2(mi_bits_h2(__byte_perm(b, 0x64646464u, 0x4140)), off); // elements 4j, 4j+1
+            const __half2 hi = __hsub2(mi_bits_h2(__byte_perm(b, 0x64646464u, 0x4342)), off); // 4j+2, 4j+3
+            const __half2 d = j < 4 ? d0 : d1;
+            u[2 * j] = mi_h2_bits(__hfma2(lo, d, m));
+            u[2 * j + 1] = mi_h2_bits(__hfma2(hi, d, m));
+        }
+        uint4 *o = (uint4 *)dst;
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[i] = make_uint4(u[4 * i], u[4 * i + 1], u[4 * i + 2], u[4 * i + 3]);
+    }
+};
+template <> struct mi_mmq_wchunk<MI_TYPE_F16> {
+    uint4 v[4];
+    __device__ __forceinline__ void load(const uint8_t *row, int c) {
+        const uint4 *p = (const uint4 *)(row + (int64_t)c * 64);
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = p[i];
+    }
+    __device__ __forceinline__ void store(__half *dst) const {
+#pragma unroll
+        for (int i = 0; i < 4; i++) ((uint4 *)dst)[i] = v[i];
+    }
+};
+template <> struct mi_mmq_wchunk<MI_TYPE_F32> {
+    float4 v[8];
+    __device__ __forceinline__ void load(const uint8_t *row, int c) {
+        const float4 *p = (const float4 *)(row + (int64_t)c * 128);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = p[i];
+    }
+    __device__ __forceinline__ void store(__half *dst) const {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float4 a = v[2 * i], b = v[2 * i + 1];
+            ((uint4 *)dst)[i] = make_uint4(mi_h2_bits(__floats2half2_rn(a.x, a.y)), mi_h2_bits(__floats2half2_rn(a.z, a.w)),
+                                           mi_h2_bits(__floats2half2_rn(b.x, b.y)), mi_h2_bits(__floats2half2_rn(b.z, b.w)));
+        }
+    }
+};
+
+__device__ __forceinline__ void mi_mmq_out(float v, int t, int r, float *y, int64_t ldy, const float *bias,
+                                           int accumulate) {
+    if (bias) v = __fadd_rn(v, bias[r]);
+    float *o = y + (int64_t)t * ldy + r;
+    *o = accumulate ? __fadd_rn(*o, v) : v;
+}
+
+// Block (bx, by, z): activation rows t0 = bx*BN.., weight rows r0 = by*BM.., K steps
+// [z*kps, min(ksteps, (z+1)*kps)). part == NULL: epilogue into y; else the raw tile goes to
+// part [gridDim.z][nt][n_rows] for mi_mmq_reduce_kernel.
+template <int T>
+__global__ void __launch_bounds__(MI_MMQ_THREADS, 2)
+    mi_mmq_kernel(const uint8_t *__restrict__ w, int64_t row_bytes, int n_rows, int nchunks,
+                  const float *__restrict__ x, int64_t ldx, int nt, int kps, float *y, int64_t ldy,
+                  const float *__restrict__ bias, int accumulate, float *__restrict__ part) {
+    using namespace nvcuda;
+    __shared__ __align__(128) unsigned char smem[MI_MMQ_SMEM];
+    __half *ws = (__half *)smem;  // [BM][LDS] weight tile, row-major (wmma matrix_a)
+    __half *xs = ws + BM * LDS;   // [BN][LDS] activation tile: x^T col-major (wmma matrix_b)
+    float *cs = (float *)smem;    // [BN][LDC] accumulators, after the K loop
+    const int tid = threadIdx.x, warp = tid / 32;
+    const int t0 = blockIdx.x * BN, r0 = blockIdx.y * BM;
+    const int ksteps = (nchunks + 1) / 2;
+    const int ks0 = blockIdx.z * kps, ks1 = min(ksteps, ks0 + kps);
+
+    // Loader roles. W: thread -> (row lr, chunk lc of the step); rows past n_rows re-read the
+    // last row (in bounds; their outputs are never stored). x: thread -> (row xt, columns
+    // 16*xseg..+16 of the step); rows past nt and columns past n_cols are zero-filled.
+    const int lr = tid >> 1, lc = tid & 1;
+    const uint8_t *wrow = w + (int64_t)min(r0 + lr, n_rows - 1) * row_bytes;
+    const int xt = tid >> 2, xseg = tid & 3;
+    const bool xrow_ok = t0 + xt < nt;
+    const float *xrow = x + (int64_t)(xrow_ok ? t0 + xt : 0) * ldx + 16 * xseg;
+    __half *wdst = ws + lr * LDS + 32 * lc;
+    __half *xdst = xs + xt * LDS + 16 * xseg;
+
+    mi_mmq_wchunk<T> wreg;
+    float4 xreg[4];
+    bool w_ok = false, x_ok = false;
+    auto fetch = [&](int ks) {
+        const int c = 2 * ks + lc;
+        w_ok = c < nchunks;
+        if (w_ok) wreg.load(wrow, c);
+        x_ok = xrow_ok && BK * ks + 16 * xseg < 32 * nchunks;
+        if (x_ok) {
+            const float4 *p = (const float4 *)(xrow + (int64_t)BK * ks);
+#pragma unroll
+            for (int i = 0; i < 4; i++) xreg[i] = p[i];
+        }
+    };
+    auto stage = [&]() {
+        if (w_ok)
+            wreg.store(wdst);
+        else
+#pragma unroll
+            for (int i = 0; i < 4; i++) ((uint4 *)wdst)[i] = make_uint4(0, 0, 0, 0);
+        uint4 *o = (uint4 *)xdst;
+        if (x_ok) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const float4 a = xreg[2 * i], b = xreg[2 * i + 1];
+                o[i] = make_uint4(mi_h2_bits(__floats2half2_rn(a.x, a.y)), mi_h2_bits(__floats2half2_rn(a.z, a.w)),
+                                  mi_h2_bits(__floats2half2_rn(b.x, b.y)), mi_h2_bits(__floats2half2_rn(b.z, b.w)));
+            }
+        } else {
+            o[0] = o[1] = make_uint4(0, 0, 0, 0);
+        }
+    };
+
+    // Warp (wm, wn) computes rows r0 + 32*wm + 16*i, activation rows t0 + 32*wn + 16*j; nj of
+    // its two activation fragments hold any row < nt (warp-uniform: the others stay zero).
+    const int wm = warp & 3, wn = warp >> 2;
+    const int nj = min(2, max(0, (nt - t0 - 32 * wn + 15) / 16));
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    if (ks0 < ks1) {
+        fetch(ks0);
+        stage();
+    }
+    __syncthreads();
+    for (int ks = ks0; ks < ks1; ks++) {
+        const bool more = ks + 1 < ks1;
+        if (more) fetch(ks + 1); // in flight during the MMAs below
+        if (nj > 0) {
+#pragma unroll
+            for (int kk = 0; kk < BK; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[2];
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+#pragma unroll
+                for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], ws + (32 * wm + 16 * i) * LDS + kk, LDS);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    if (j < nj) {
+                        wmma::load_matrix_sync(b, xs + (32 * wn + 16 * j) * LDS + kk, LDS);
+#pragma unroll
+                        for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][j], a[i], b, acc[i][j]);
+                    }
+                }
+            }
+        }
+        __syncthreads(); // every warp is done with this step's tiles
+        if (more) stage();
+        __syncthreads();
+    }
+
+    // Cs overlays Ws/Xs: the loop's last barrier (or the one before it) ordered every read.
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(cs + (32 * wn + 16 * j) * LDC + 32 * wm + 16 * i, acc[i][j], LDC,
+                                    wmma::mem_col_major);
+    __syncthreads();
+    // Consecutive threads take consecutive weight rows r: coalesced stores along y's rows.
+    for (int e = tid; e < BM * BN; e += MI_MMQ_THREADS) {
+        const int t = e / BM, r = e % BM;
+        if (t0 + t >= nt || r0 + r >= n_rows) continue;
+        const float v = cs[t * LDC + r];
+        if (part)
+            part[((int64_t)blockIdx.z * nt + t0 + t) * n_rows + r0 + r] = v;
+        else
+            mi_mmq_out(v, t0 + t, r0 + r, y, ldy, bias, accumulate);
+    }
+}
+
+// y from the K-split partials part [splits][nt][n_rows], summed in split order.
+__global__ void mi_mmq_reduce_kernel(const float *__restrict__ part, int splits, int nt, int n_rows, float *y,
+                                     int64_t ldy, const float *__restrict__ bias, int accumulate) {
+    const int64_t n = (int64_t)nt * n_rows;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = part[i];
+    for (int z = 1; z < splits; z++) v = __fadd_rn(v, part[z * n + i]);
+    mi_mmq_out(v, (int)(i / n_rows), (int)(i % n_rows), y, ldy, bias, accumulate);
+}
+
+int mi_mmq_sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+            cudaGetLastError();
+            v = 132; // H100/H200; only shapes the split choice
+        }
+        return v;
+    }();
+    return n;
+}
+
+// MI_CUDA_MMQ_SPLITS: > 0 forces that many K splits (tests), else 0 (automatic).
+int mi_mmq_forced_splits() {
+    const char *e = getenv("MI_CUDA_MMQ_SPLITS");
+    const int v = e ? atoi(e) : 0;
+    return v > 0 ? (v < MI_MMQ_MAX_SPLIT ? v : MI_MMQ_MAX_SPLIT) : 0;
+}
+
+template <int T>
+void mi_mmq_launch(dim3 grid, const mi_dtensor *w, int nchunks, const float *x, int64_t ldx, int nt, int kps,
+                   float *y, int64_t ldy, const float *bias, int accumulate, float *part, cudaStream_t s) {
+    mi_mmq_kernel<T><<<grid, MI_MMQ_THREADS, 0, s>>>(w->data, w->row_bytes, (int)w->n_rows, nchunks, x, ldx, nt, kps,
+                                                     y, ldy, bias, accumulate, part);
+}
+
+} // namespace
+
+size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
+    const size_t full = (size_t)n_rows * (size_t)(max_nt > 0 ? max_nt : 0);
+    const int forced = mi_mmq_forced_splits();
+    if (forced > 1) return (size_t)forced * full;
+    const int n_sm = mi_mmq_sm_count();
+    if ((n_rows + BM - 1) / BM >= n_sm) return 0;
+    const size_t bound = (size_t)3 * n_sm * BM * BN;
+    return (size_t)MI_MMQ_MAX_SPLIT * full < bound ? (size_t)MI_MMQ_MAX_SPLIT * full : bound;
+}
+
+int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
+                int accumulate, float *scratch, size_t scratch_floats, cudaStream_t s) {
+    if (w->n_cols % 32 || w->n_cols <= 0 || w->n_rows <= 0 || (w->n_rows + BM - 1) / BM > 65535 || nt < 1 || ldx < w->n_cols)
+        return mi_set_error(MI_ERR_ARG, "CUDA mmq: bad shape (n_rows %lld, n_cols %lld, nt %d, ldx %lld)",
+                            (long long)w->n_rows, (long long)w->n_cols, nt, (long long)ldx);
+    if (ldx % 4 || (uintptr_t)x % 16)
+        return mi_set_error(MI_ERR_ARG, "CUDA mmq: x must be 16-byte aligned with ldx a multiple of 4");
+    const int nchunks = (int)(w->n_cols / 32), ksteps = (nchunks + 1) / 2;
+    const int n_rows = (int)w->n_rows;
+    const int tiles_n = (nt + BN - 1) / BN, tiles_m = (n_rows + BM - 1) / BM;
+    const int64_t tiles = (int64_t)tiles_n * tiles_m;
+    // K splits: only where the tile grid leaves SMs idle; about two blocks per SM, each at least
+    // MI_MMQ_MIN_KSTEPS steps; never more than the scratch holds.
+    const int n_sm = mi_mmq_sm_count(), forced = mi_mmq_forced_splits();
+    int splits = 1;
+    if (forced)
+        splits = forced;
+    else if (tiles < n_sm)
+        splits = (int)((2 * n_sm + tiles - 1) / tiles);
+    if (!forced && splits > ksteps / MI_MMQ_MIN_KSTEPS) splits = ksteps / MI_MMQ_MIN_KSTEPS;
+    if (splits > MI_MMQ_MAX_SPLIT) splits = MI_MMQ_MAX_SPLIT;
+    if (splits > ksteps) splits = ksteps;
+    const size_t out_floats = (size_t)nt * n_rows;
+    if (!scratch) scratch_floats = 0;
+    if (splits > 1 && (size_t)splits * out_floats > scratch_floats) splits = (int)(scratch_floats / out_floats);
+    if (splits < 1) splits = 1;
+    const int kps = (ksteps + splits - 1) / splits; // no empty split: recount with this step range
+    splits = (ksteps + kps - 1) / kps;
+    float *part = splits > 1 ? scratch : nullptr;
+
+    const dim3 grid(tiles_n, tiles_m, splits);
+    switch (w->type) {
+    case MI_TYPE_F32: mi_mmq_launch<MI_TYPE_F32>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    case MI_TYPE_F16: mi_mmq_launch<MI_TYPE_F16>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    case MI_TYPE_Q4_0: mi_mmq_launch<MI_TYPE_Q4_0>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    case MI_TYPE_Q4_1: mi_mmq_launch<MI_TYPE_Q4_1>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    case MI_TYPE_Q5_0: mi_mmq_launch<MI_TYPE_Q5_0>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    case MI_TYPE_Q5_1: mi_mmq_launch<MI_TYPE_Q5_1>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    case MI_TYPE_Q8_0: mi_mmq_launch<MI_TYPE_Q8_0>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    case MI_TYPE_Q4_K: mi_mmq_launch<MI_TYPE_Q4_K>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    case MI_TYPE_Q5_K: mi_mmq_launch<MI_TYPE_Q5_K>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    case MI_TYPE_Q6_K: mi_mmq_launch<MI_TYPE_Q6_K>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
+    default: return mi_set_error(MI_ERR_TYPE, "CUDA mmq: unsupported type %d", w->type);
+    }
+    MI_LAUNCH_TRY("mmq");
+    if (part) {
+        const int64_t n = (int64_t)out_floats;
+        mi_mmq_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(part, splits, nt, n_rows, y, ldy, bias,
+                                                                       accumulate);
+        MI_LAUNCH_TRY("mmq reduce");
+    }
+    return MI_OK;
+}
+
+// Test entry (pyminfer.h): host operands in, host y out, on the default stream.
+extern "C" int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
+                              const float *bias, int32_t accumulate, float *y) {
+    if (!mi_cuda_available()) return mi_set_error(MI_ERR_CUDA, "no CUDA device visible");
+    const int be = mi_type_block_elems(type), bb = mi_type_block_bytes(type);
+    if (!bb) return mi_set_error(MI_ERR_TYPE, "CUDA mmq: unsupported type %d", type);
+    if (n_rows < 1 || n_cols < 32 || n_cols % 32 || n_cols % be || nt < 1)
+        return mi_set_error(MI_ERR_ARG, "CUDA mmq: bad shape (n_rows %lld, n_cols %lld, nt %d)", (long long)n_rows,
+                            (long long)n_cols, nt);
+    mi_dtensor t;
+    t.type = type;
+    t.n_cols = n_cols;
+    t.n_rows = n_rows;
+    t.row_bytes = n_cols / be * bb;
+    auto al = [](size_t n) { return (n + 255) & ~(size_t)255; };
+    const size_t wb = (size_t)t.row_bytes * n_rows, xb = (size_t)nt * n_cols * 4, yb = (size_t)nt * n_rows * 4;
+    const size_t bias_b = bias ? (size_t)n_rows * 4 : 0;
+    const size_t sf = mi_cuda_mmq_scratch_floats(n_rows, nt), sb = sf * 4;
+    const size_t total = al(wb) + al(xb) + al(yb) + al(bias_b) + al(sb);
+    uint8_t *buf = nullptr;
+    if (cudaMalloc(&buf, total) != cudaSuccess) {
+        cudaGetLastError();
+        return mi_set_error(MI_ERR_OOM, "CUDA out of memory allocating mmq operands (%zu MiB)", total >> 20);
+    }
+    uint8_t *wd = buf, *xd = wd + al(wb), *yd = xd + al(xb), *bd = yd + al(yb), *sd = bd + al(bias_b);
+    t.data = wd;
+    int rc = [&]() -> int {
+        MI_CUDA_TRY(cudaMemcpy(wd, w, wb, cudaMemcpyHostToDevice));
+        MI_CUDA_TRY(cudaMemcpy(xd, x, xb, cudaMemcpyHostToDevice));
+        if (bias) MI_CUDA_TRY(cudaMemcpy(bd, bias, bias_b, cudaMemcpyHostToDevice));
+        // y: the caller's values when accumulating, else all-NaN bytes so a missed element shows.
+        if (accumulate)
+            MI_CUDA_TRY(cudaMemcpy(yd, y, yb, cudaMemcpyHostToDevice));
+        else
+            MI_CUDA_TRY(cudaMemset(yd, 0xFF, yb));
+        if (sb) MI_CUDA_TRY(cudaMemset(sd, 0xFF, sb)); // NaN partials: a split that skips a tile shows
+        const int r = mi_cuda_mmq(&t, (const float *)xd, n_cols, nt, (float *)yd, n_rows,
+                                  bias ? (const float *)bd : nullptr, accumulate, sb ? (float *)sd : nullptr, sf, 0);
+        if (r) return r;
+        MI_CUDA_TRY(cudaDeviceSynchronize());
+        MI_CUDA_TRY(cudaMemcpy(y, yd, yb, cudaMemcpyDeviceToHost));
+        return MI_OK;
+    }();
+    cudaFree(buf);
+    return rc;
+}

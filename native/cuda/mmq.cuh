@@ -1,0 +1,64 @@
+// MMQ: quantized weight matrix times many activation rows on the tensor cores (prefill, wide
+// verify batches). Where MMVQ streams W once per 8 rows with dp4a, MMQ dequantizes each weight
+// tile once to f16 in shared memory and reuses it for 64 activation rows through nvcuda::wmma
+// (m16n16k16, f16 inputs, f32 accumulators).
+//
+// Tiles: a block of 256 threads (8 warps) owns BM = 128 weight rows x BN = 64 activation rows
+// and walks K in steps of BK = 64 columns (two 32-wide chunks per row, so every thread unpacks
+// exactly one chunk with mi_qt<T>::load per step and each weight is dequantized once per block).
+// Warps form a 4 x 2 grid of 32 x 32 output sub-tiles, 2 x 2 accumulators each. The next step's
+// weight chunk and activations are loaded into registers while the current step multiplies.
+// Shared memory: Ws [BM][BK+8] f16 + Xs [BN][BK+8] f16 (the +8 halves shift rows across banks),
+// reused after the K loop as the f32 staging tile Cs [BN][BM+4] of the epilogue: 33,792 bytes,
+// two blocks per SM. The f16 conversion also bounds the inputs: |W|, |x| must stay below 65504.
+//
+// Launch: grid (ceil(nt/BN), ceil(n_rows/BM), splits). splits > 1 ("K-split") only when the
+// tile grid alone has fewer blocks than the GPU has SMs (few activation rows or few weight rows):
+// then split z takes a contiguous range of K steps and writes its partial tile to scratch, and a
+// second kernel sums the partials in z order (0, 1, ..) and applies the epilogue. No atomics:
+// the same call on the same GPU gives the same bits every run. The number of splits is a function
+// of (n_rows, nt, n_cols, SM count, scratch_floats), so unlike MMVQ a row's result may change
+// with nt (no nt-bitwise contract for nt > 8). MI_CUDA_MMQ_SPLITS=n in the environment forces n
+// splits (testing; read at every call), still capped by the scratch given.
+//
+// Tolerance (not bitwise to MMVQ or the CPU): x is rounded to f16 (2^-11 relative); a quantized
+// weight is q * f16(dw*sc) + f16(mw) rounded to f16, off by ~2^-11 of |dw*sc*q| + |mw|; the tensor
+// cores sum exact products in f32. So |y - y_exact| <~ 2^-10 * sum_c (|dw*sc*q| + |mw|) |x| plus
+// the f32 summation error; on random operands NMSE vs a float64 reference is ~1e-7 and the worst
+// element ~2e-3 of the rms output (MMVQ's q8a activations: NMSE ~1e-5).
+#ifndef MI_CUDA_MMQ_CUH
+#define MI_CUDA_MMQ_CUH
+#include "common.cuh"
+
+#define MI_MMQ_BM 128       // weight rows per block
+#define MI_MMQ_BN 64        // activation rows per block
+#define MI_MMQ_BK 64        // columns per K step
+#define MI_MMQ_MAX_SPLIT 16 // most K splits
+#define MI_MMQ_MIN_NT 9     // below this MMVQ (bitwise nt contract, weight-bandwidth bound) is used
+
+// When MMQ applies: a type mi_qt (or F32/F16) handles, whole 32-wide chunks, nt >= MI_MMQ_MIN_NT.
+static inline bool mi_cuda_mmq_applies(int type, int64_t n_cols, int nt) {
+    switch (type) {
+    case MI_TYPE_F32: case MI_TYPE_F16: case MI_TYPE_Q4_0: case MI_TYPE_Q4_1: case MI_TYPE_Q5_0:
+    case MI_TYPE_Q5_1: case MI_TYPE_Q8_0: case MI_TYPE_Q4_K: case MI_TYPE_Q5_K: case MI_TYPE_Q6_K:
+        return n_cols % 32 == 0 && nt >= MI_MMQ_MIN_NT;
+    default: return false;
+    }
+}
+
+// Floats of scratch that cover the K-split partials of every call with this n_rows and any
+// nt <= max_nt on the current device: partials are [splits][nt][n_rows] f32, and splits > 1 only
+// when the tile grid has fewer blocks than SMs, so splits * nt * n_rows < 3 * SMs * BM * BN
+// (~13 MiB on 132 SMs) whatever the shape; 0 when n_rows alone gives enough blocks.
+size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt);
+
+// y[t*ldy + r] (= or +=) bias[r] + sum_c W[r,c] * x[t*ldx + c], t < nt, r < w->n_rows:
+//   w: [n_rows][row_bytes] in its GGUF layout (any type of mi_cuda_mmq_applies; n_cols % 32 == 0);
+//   x: f32 [nt][ldx], 16-byte aligned, ldx % 4 == 0, reads columns < n_cols only;
+//   y: f32 [nt][ldy], must not overlap x; accumulate != 0 adds into it (residual);
+//   bias: f32 [n_rows] or NULL; scratch: f32 [scratch_floats] (or NULL / 0: no K-split), size
+//   from mi_cuda_mmq_scratch_floats; less than that only lowers the number of splits.
+// Any nt >= 1 works. Errors: MI_ERR_TYPE (type), MI_ERR_ARG (shape/alignment), MI_ERR_CUDA.
+int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
+                int accumulate, float *scratch, size_t scratch_floats, cudaStream_t s);
+#endif

@@ -1,0 +1,305 @@
+// MMVQ: one launch streams a quantized weight matrix once for NT (1..8) activation rows.
+// Block = 128 threads serving rpb rows (rpb = 4, 2 or 1 by row length, a function of n_cols only,
+// so the reduction order never depends on NT): each of the tpr = 128/rpb threads of a row takes
+// 32-wide chunks c = j, j + tpr, ... and sums their contributions in f32; then a warp butterfly
+// and, for tpr > 32, a fixed-order sum over the row's warps. Per chunk (as cpu/quants.c):
+//   (dw * a.d) * (float)(sc0*dot(q[0:16], a[0:16]) + sc1*dot(q[16:32], a[16:32])) + mw * a.s
+// The kernel templates, included by one generated translation unit per weight type
+// (CMakeLists.txt: mmvq_<type>.cu, so the types compile in parallel).
+#ifndef MI_CUDA_MMVQ_KERNELS_CUH
+#define MI_CUDA_MMVQ_KERNELS_CUH
+#include "mmvq.cuh"
+#include "qtypes.cuh"
+
+namespace {
+
+constexpr int MI_MMVQ_THREADS = 128;
+
+__device__ __forceinline__ float mi_silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// Before the PDL wait (common.cuh): pull this block's weight rows [r0, r0 + n) towards L2 while
+// the previous kernel still runs (weights are constants, so this may precede the wait), then wait
+// for the activations.
+__device__ __forceinline__ void mi_mmvq_prologue(const uint8_t *w0, const uint8_t *w1, int64_t row_bytes, int r0,
+                                                 int n, int n_rows) {
+    if (n > n_rows - r0) n = n_rows - r0;
+    if (n > 0) {
+        mi_prefetch_l2(w0 + (int64_t)r0 * row_bytes, (int64_t)n * row_bytes);
+        if (w1) mi_prefetch_l2(w1 + (int64_t)r0 * row_bytes, (int64_t)n * row_bytes);
+    }
+    mi_pdl_wait();
+    mi_pdl_trigger();
+}
+
+template <int T, int NT>
+__device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int c, const mi_block_q8a *xq, int64_t ldxb,
+                                             float *acc) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const mi_block_q8a *a = xq + t * ldxb + c;
+        const int2 *aq = (const int2 *)a->qs;
+        const int2 a0 = aq[0], a1 = aq[1], a2 = aq[2], a3 = aq[3];
+        const int s0 = __dp4a(ch.q[3], a1.y, __dp4a(ch.q[2], a1.x, __dp4a(ch.q[1], a0.y, __dp4a(ch.q[0], a0.x, 0))));
+        const int s1 = __dp4a(ch.q[7], a3.y, __dp4a(ch.q[6], a3.x, __dp4a(ch.q[5], a2.y, __dp4a(ch.q[4], a2.x, 0))));
+        const int isum = ch.sc0 * s0 + ch.sc1 * s1;
+        float r = __fmul_rn(__fmul_rn(ch.dw, a->d), (float)isum);
+        if (mi_qt<T>::HAS_MIN) r = __fadd_rn(r, __fmul_rn(ch.mw, a->s));
+        acc[t] = __fadd_rn(acc[t], r);
+    }
+}
+
+template <int T, int NT>
+__device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi_block_q8a *xq, int64_t ldxb,
+                                             float *acc) {
+    mi_chunk ch;
+    mi_qt<T>::load(row + (int64_t)(c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch);
+    mi_chunk_dot<T, NT>(ch, c, xq, ldxb, acc);  // one chunk formula for every kernel (bitwise rows)
+}
+
+// Sum acc[NT] over the tpr threads of each row; the row's thread j == 0 gets the result.
+template <int NT>
+__device__ __forceinline__ void mi_row_reduce(float *acc, int tpr, float (*sh)[NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = mi_warp_sum(acc[t]);
+    if (tpr > 32) {
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        if (lane == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) sh[warp][t] = acc[t];
+        __syncthreads();
+        if (threadIdx.x % tpr == 0) {
+            const int w0 = warp, nw = tpr / 32;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float v = sh[w0][t];
+                for (int w = 1; w < nw; w++) v = __fadd_rn(v, sh[w0 + w][t]);
+                acc[t] = v;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void mi_epilogue(const float *acc, const float *acc_up, bool glu, int r,
+                                            const mi_mmvq_out &os, int accumulate) {
+    // Segment of row r (constant indices only, so the parameter struct stays out of local memory).
+    float *y = os.y[0];
+    int64_t ldy = os.ldy[0];
+    const float *bias = os.bias[0];
+    int base = 0;
+#pragma unroll
+    for (int i = 1; i < MI_MMVQ_MAX_SEG; i++)
+        if (i < os.n_seg && r >= os.end[i - 1]) {
+            y = os.y[i];
+            ldy = os.ldy[i];
+            bias = os.bias[i];
+            base = os.end[i - 1];
+        }
+    r -= base;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float v = glu ? mi_silu_mul(acc[t], acc_up[t]) : acc[t];
+        if (bias) v = __fadd_rn(v, bias[r]);
+        float *o = y + t * ldy + r;
+        *o = accumulate ? __fadd_rn(*o, v) : v;
+    }
+}
+
+// After the epilogue (os.yq set): this block's rows r0.. lie in one 32-row group (rows per block
+// divide 32); the last of the group's blocks to finish quantizes the group's 32 outputs of every
+// activation row, exactly as the plain quantize kernel would (same function, same floats).
+template <int NT>
+__device__ __forceinline__ void mi_group_quant(const mi_mmvq_out &os, int r0, int rows_per_block) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    const int g = r0 / 32;
+    if (threadIdx.x == 0) {
+        last = atomicAdd(os.cnt + g, 1) == 32 / rows_per_block - 1;
+        if (last) os.cnt[g] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int t = warp; t < NT; t += blockDim.x / 32)
+        mi_quant_chunk_warp(__ldcg(os.y[0] + t * os.ldy[0] + 32 * g + lane), os.yq + t * os.ldq + g, lane);
+}
+
+template <int T, int NT, bool GLU>
+__global__ void __launch_bounds__(MI_MMVQ_THREADS)
+    mi_mmvq_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
+                   int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate, int rpb) {
+    __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_THREADS / 32][NT];
+    const int tpr = MI_MMVQ_THREADS / rpb;
+    const int j = threadIdx.x % tpr;
+    const int r = blockIdx.x * rpb + threadIdx.x / tpr;
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows);
+    float acc[NT], acc1[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
+    if (r < n_rows) {
+        const uint8_t *row0 = w0 + (int64_t)r * row_bytes;
+        const uint8_t *row1 = GLU ? w1 + (int64_t)r * row_bytes : nullptr;
+        // Two chunks per step so their loads are in flight together (order of the sum unchanged).
+#pragma unroll 2
+        for (int c = j; c < nchunks; c += tpr) {
+            mi_row_chunk<T, NT>(row0, c, xq, ldxb, acc);
+            if (GLU) mi_row_chunk<T, NT>(row1, c, xq, ldxb, acc1);
+        }
+    }
+    mi_row_reduce<NT>(acc, tpr, sh[0]);
+    if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
+    if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
+    if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
+}
+
+// Warp-per-row kernel (the default for quantized weights): each warp owns one row, lane l takes
+// chunks l, l + 32, l + 64, ... in order and accumulates them in f32, then a warp butterfly; no
+// shared memory or block barrier. U chunks per lane are loaded before any is used so that U
+// independent weight loads per lane are in flight; U only changes scheduling, never the order of
+// any sum, so U may depend on NT (fewer registers for wide NT) and rows stay bitwise equal.
+constexpr int MI_MMVQ_WARPS = 4;
+
+
+template <int T, int NT, bool GLU, int U>
+__global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
+    mi_mmvq_warp_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes,
+                        int n_rows, int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb,
+                        const mi_mmvq_out os, int accumulate, int wpr) {
+    // wpr (1, 2 or 4) warps per row, a function of the row length only.
+    __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_WARPS][NT];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int tpr = 32 * wpr, j = (warp % wpr) * 32 + lane;
+    const int r = blockIdx.x * (MI_MMVQ_WARPS / wpr) + warp / wpr;
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * (MI_MMVQ_WARPS / wpr), MI_MMVQ_WARPS / wpr, n_rows);
+    float acc[NT], acc1[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
+    if (r < n_rows) {
+        const uint8_t *row0 = w0 + (int64_t)r * row_bytes;
+        const uint8_t *row1 = GLU ? w1 + (int64_t)r * row_bytes : nullptr;
+        constexpr int CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
+        for (int c0 = j; c0 < nchunks; c0 += tpr * U) {
+            mi_chunk ch[U], ch1[GLU ? U : 1];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + tpr * u;
+                if (c < nchunks) {
+                    mi_qt<T>::load(row0 + (int64_t)(c / CPB) * BB, c % CPB, ch[u]);
+                    if (GLU) mi_qt<T>::load(row1 + (int64_t)(c / CPB) * BB, c % CPB, ch1[GLU ? u : 0]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + tpr * u;
+                if (c < nchunks) {
+                    mi_chunk_dot<T, NT>(ch[u], c, xq, ldxb, acc);
+                    if (GLU) mi_chunk_dot<T, NT>(ch1[GLU ? u : 0], c, xq, ldxb, acc1);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        acc[t] = mi_warp_sum(acc[t]);
+        if (GLU) acc1[t] = mi_warp_sum(acc1[t]);
+    }
+    if (wpr > 1) { // fixed-order sum over the row's warps
+        if (lane == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                sh[0][warp][t] = acc[t];
+                if (GLU) sh[GLU ? 1 : 0][warp][t] = acc1[t];
+            }
+        __syncthreads();
+        if (j == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float v = sh[0][warp][t], v1 = GLU ? sh[GLU ? 1 : 0][warp][t] : 0.0f;
+                for (int w = 1; w < wpr; w++) {
+                    v = __fadd_rn(v, sh[0][warp + w][t]);
+                    if (GLU) v1 = __fadd_rn(v1, sh[GLU ? 1 : 0][warp + w][t]);
+                }
+                acc[t] = v;
+                acc1[t] = v1;
+            }
+    }
+    if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
+    if (os.yq) mi_group_quant<NT>(os, blockIdx.x * (MI_MMVQ_WARPS / wpr), MI_MMVQ_WARPS / wpr);
+}
+
+// Chunks in flight per lane: more for few activation rows, fewer where NT (and GLU) cost registers.
+template <int NT, bool GLU> constexpr int mi_mmvq_unroll() {
+    return NT <= 2 ? (GLU ? 2 : 4) : NT <= 4 ? (GLU ? 1 : 2) : 1;
+}
+
+// F32 / F16 weights times f32 activations (tied f16 embeddings as the LM head, tiny models).
+template <int T, int NT, bool GLU>
+__global__ void __launch_bounds__(MI_MMVQ_THREADS)
+    mi_mmv_f_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
+                    int n_cols, const float *__restrict__ xf, int64_t ldx, const mi_mmvq_out os, int accumulate, int rpb) {
+    __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_THREADS / 32][NT];
+    const int tpr = MI_MMVQ_THREADS / rpb;
+    const int j = threadIdx.x % tpr;
+    const int r = blockIdx.x * rpb + threadIdx.x / tpr;
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows);
+    float acc[NT], acc1[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
+    if (r < n_rows) {
+        for (int c = j; c < n_cols; c += tpr) {
+#pragma unroll
+            for (int g = 0; g < (GLU ? 2 : 1); g++) {
+                const uint8_t *row = (g ? w1 : w0) + (int64_t)r * row_bytes;
+                const float wv = T == MI_TYPE_F32 ? ((const float *)row)[c] : __half2float(((const __half *)row)[c]);
+                float *a = g ? acc1 : acc;
+#pragma unroll
+                for (int t = 0; t < NT; t++) a[t] = __fadd_rn(a[t], __fmul_rn(wv, xf[t * ldx + c]));
+            }
+        }
+    }
+    mi_row_reduce<NT>(acc, tpr, sh[0]);
+    if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
+    if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
+    if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
+}
+
+
+template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args &a, cudaStream_t s) {
+    const int grid = (a.n_rows + a.rpb - 1) / a.rpb;
+    if constexpr (T == MI_TYPE_F32 || T == MI_TYPE_F16)
+        return mi_launch(mi_mmv_f_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
+                         a.n_cols, a.xf, a.ldx, a.os, a.accumulate, a.rpb);
+    else if (a.warp)
+        return mi_launch(mi_mmvq_warp_kernel<T, NT, GLU, mi_mmvq_unroll<NT, GLU>()>,
+                         (a.n_rows + MI_MMVQ_WARPS / a.warp - 1) / (MI_MMVQ_WARPS / a.warp), MI_MMVQ_WARPS * 32, s, a.w0,
+                         a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.warp);
+    else
+        return mi_launch(mi_mmvq_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
+                         a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
+}
+
+template <int T, bool GLU> cudaError_t mi_launch_nt(int nt, const mi_mmvq_args &a, cudaStream_t s) {
+    switch (nt) {
+    case 1: return mi_launch_one<T, 1, GLU>(a, s);
+    case 2: return mi_launch_one<T, 2, GLU>(a, s);
+    case 3: return mi_launch_one<T, 3, GLU>(a, s);
+    case 4: return mi_launch_one<T, 4, GLU>(a, s);
+    case 5: return mi_launch_one<T, 5, GLU>(a, s);
+    case 6: return mi_launch_one<T, 6, GLU>(a, s);
+    case 7: return mi_launch_one<T, 7, GLU>(a, s);
+    default: return mi_launch_one<T, 8, GLU>(a, s);
+    }
+}
+
+} // namespace
+
+// Launch the mat-vec for weight type T over one group of nt <= 8 rows (GLU: w1 is the up matrix).
+template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s) {
+    return glu ? mi_launch_nt<T, true>(nt, a, s) : mi_launch_nt<T, false>(nt, a, s);
+}
+#endif
