@@ -325,6 +325,23 @@ def test_forward_rows_bitwise_equal_to_single_token(nt):
         assert 0 < nmse(la, lb) < 1e-3, nmse(la, lb)
 
 
+@pytest.mark.parametrize("nt", [1, 5, 12])
+def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
+    """MI_CUDA_FUSE=1 (SwiGLU launch quantizes its output, last block per 32 rows) gives the bits
+    of the separate quantize launch: same function on the same floats."""
+    model = small_model(8, types=bg.qwen_types(SMALL["n_layer"]))
+    V = SMALL["n_vocab"]
+    prompt = list(np.random.default_rng(8).integers(0, V, 10))
+    out = []
+    for fuse in ("0", "1"):
+        monkeypatch.setenv("MI_CUDA_FUSE", fuse)
+        ctx = make_ctx(model, 1)
+        run(ctx, prompt, range(10), V, out_rows=[])
+        out.append(run(ctx, list(range(7, 7 + nt)), range(10, 10 + nt), V))
+    assert np.std(out[0][0]) > 0.1
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+
+
 def test_prefill_chunking_within_tolerance():
     """One 40-token prefill (GEMM), chunks 16+16+8 (GEMM, GEMM, mat-vec) and eight 5-token
     chunks (mat-vec): the last row's logits agree within the tolerance of the two paths."""
