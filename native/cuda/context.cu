@@ -52,6 +52,9 @@ struct mi_cuda_ctx {
     // every block cost more than the launch saved (1.5B 762 vs 779 tok/s, 0.5B 1232 vs 1264).
     int fuse_quant;
     int no_mmq;            // MI_CUDA_MMQ=0: nt >= 9 loops the 8-row mat-vec instead (A/B, tests)
+    float *amax_v;         // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (value)
+    int32_t *amax_i;       // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (index)
+    int32_t *amax_cnt;     // [max_nt] argmax block counters (kept zero between launches)
     float *mmq_scratch;    // [mmq_scratch_floats] K-split partials of the tensor-core GEMM
     size_t mmq_scratch_floats;
     float *q, *k, *v;      // [max_nt][q_dim], [max_nt][kv_dim] x2
@@ -220,7 +223,8 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
     if (n_head_rows == 0) return MI_OK;
     MI_RUNK(MI_P_HEAD_NORM, mi_cuda_rmsnorm_quant(c->x, rows, n_out_d, n_head_rows, c->output_norm, c->rms_eps, E, c->xn, c->xq, s));
     MI_RUNK(MI_P_MM_HEAD, mm(&c->output, c->xq, c->xn, E, n_head_rows, c->logits, c->n_vocab, nullptr, 0));
-    MI_RUNK(MI_P_ARGMAX, mi_cuda_argmax(c->logits, c->n_vocab, n_head_rows, n_out_d, amax, s));
+    MI_RUNK(MI_P_ARGMAX, mi_cuda_argmax(c->logits, c->n_vocab, n_head_rows, n_out_d, c->amax_v, c->amax_i, c->amax_cnt,
+                                        amax, s));
 #undef MI_RUNK
 #undef MI_RUN
     return MI_OK;
@@ -399,6 +403,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         (size_t)max_nt * d->n_head * 4,                            // attn_cnt
         (size_t)(F / 32 + 1) * 4,                                  // ff_cnt
         mmq_floats * 4,                                            // mmq_scratch
+        (size_t)max_nt * MI_ARGMAX_BLOCKS * 4, (size_t)max_nt * MI_ARGMAX_BLOCKS * 4, (size_t)max_nt * 4, // argmax
     };
     const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
     size_t abytes = 0;
@@ -424,6 +429,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->ints = (int32_t *)ptrs[15];
     c->xq_ff = (mi_block_q8a *)ptrs[16]; c->attn_cnt = (int32_t *)ptrs[17]; c->ff_cnt = (int32_t *)ptrs[18];
     c->mmq_scratch = (float *)ptrs[19]; c->mmq_scratch_floats = mmq_floats;
+    c->amax_v = (float *)ptrs[20]; c->amax_i = (int32_t *)ptrs[21]; c->amax_cnt = (int32_t *)ptrs[22];
     MI_FAIL([&]() -> int {
         MI_CUDA_TRY(cudaMallocHost(&c->h_ints, ((size_t)4 * max_nt + 1) * 4));
         MI_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
@@ -438,6 +444,10 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         }
         return MI_OK;
     }());
+    // Every graph captured now (a few ms), never inside the decode loop: a first use at a new nt
+    // would otherwise cost a capture (~10 ms) inside a timed speculative round.
+    if (c->use_graphs)
+        for (int nt = 1; nt <= MI_GRAPH_MAX_NT && nt <= max_nt; nt++) MI_FAIL(mi_capture(c, nt));
 #undef MI_FAIL
     *out = c;
     return MI_OK;
@@ -452,11 +462,7 @@ extern "C" int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int3
     c->h_ints[3 * M] = n_out;
     MI_CUDA_TRY(cudaMemcpyAsync(c->ints, c->h_ints, ((size_t)3 * M + 1) * 4, cudaMemcpyHostToDevice, c->stream));
     if (c->use_graphs && nt <= MI_GRAPH_MAX_NT) {
-        if (!c->graphs[nt]) {
-            const int rc = mi_capture(c, nt);
-            if (rc) return rc;
-        }
-        MI_CUDA_TRY(cudaGraphLaunch(c->graphs[nt], c->stream));
+        MI_CUDA_TRY(cudaGraphLaunch(c->graphs[nt], c->stream)); // captured at creation
     } else {
         const int rc = mi_enqueue(c, nt, 0, n_out);
         if (rc) return rc;

@@ -34,6 +34,11 @@ __device__ __forceinline__ __half2 mi_bits_h2(uint32_t u) {
     c.u = u;
     return c.h;
 }
+// 8 floats -> 8 f16 (round to nearest) in one 16-byte word.
+__device__ __forceinline__ uint4 mi_f8_to_h8(float4 a, float4 b) {
+    return make_uint4(mi_h2_bits(__floats2half2_rn(a.x, a.y)), mi_h2_bits(__floats2half2_rn(a.z, a.w)),
+                      mi_h2_bits(__floats2half2_rn(b.x, b.y)), mi_h2_bits(__floats2half2_rn(b.z, b.w)));
+}
 
 // Dequantized weights of one chunk (32 columns of one row) -> 32 f16 at dst (16-byte aligned).
 // Quantized types: q (int8 x4 per word) becomes f16 exactly by the 0x6400 trick (the byte
@@ -85,11 +90,7 @@ template <> struct mi_mmq_wchunk<MI_TYPE_F32> {
     }
     __device__ __forceinline__ void store(__half *dst) const {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float4 a = v[2 * i], b = v[2 * i + 1];
-            ((uint4 *)dst)[i] = make_uint4(mi_h2_bits(__floats2half2_rn(a.x, a.y)), mi_h2_bits(__floats2half2_rn(a.z, a.w)),
-                                           mi_h2_bits(__floats2half2_rn(b.x, b.y)), mi_h2_bits(__floats2half2_rn(b.z, b.w)));
-        }
+        for (int i = 0; i < 4; i++) ((uint4 *)dst)[i] = mi_f8_to_h8(v[2 * i], v[2 * i + 1]);
     }
 };
 
@@ -152,11 +153,7 @@ __global__ void __launch_bounds__(MI_MMQ_THREADS, 2)
         uint4 *o = (uint4 *)xdst;
         if (x_ok) {
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const float4 a = xreg[2 * i], b = xreg[2 * i + 1];
-                o[i] = make_uint4(mi_h2_bits(__floats2half2_rn(a.x, a.y)), mi_h2_bits(__floats2half2_rn(a.z, a.w)),
-                                  mi_h2_bits(__floats2half2_rn(b.x, b.y)), mi_h2_bits(__floats2half2_rn(b.z, b.w)));
-            }
+            for (int i = 0; i < 2; i++) o[i] = mi_f8_to_h8(xreg[2 * i], xreg[2 * i + 1]);
         } else {
             o[0] = o[1] = make_uint4(0, 0, 0, 0);
         }
@@ -253,19 +250,28 @@ int mi_mmq_forced_splits() {
     return v > 0 ? (v < MI_MMQ_MAX_SPLIT ? v : MI_MMQ_MAX_SPLIT) : 0;
 }
 
-template <int T>
-void mi_mmq_launch(dim3 grid, const mi_dtensor *w, int nchunks, const float *x, int64_t ldx, int nt, int kps,
-                   float *y, int64_t ldy, const float *bias, int accumulate, float *part, cudaStream_t s) {
-    mi_mmq_kernel<T><<<grid, MI_MMQ_THREADS, 0, s>>>(w->data, w->row_bytes, (int)w->n_rows, nchunks, x, ldx, nt, kps,
-                                                     y, ldy, bias, accumulate, part);
+typedef void (*mi_mmq_fn)(const uint8_t *, int64_t, int, int, const float *, int64_t, int, int, float *, int64_t,
+                          const float *, int, float *);
+mi_mmq_fn mi_mmq_kernel_for(int type) {
+    switch (type) {
+    case MI_TYPE_F32: return mi_mmq_kernel<MI_TYPE_F32>;
+    case MI_TYPE_F16: return mi_mmq_kernel<MI_TYPE_F16>;
+    case MI_TYPE_Q4_0: return mi_mmq_kernel<MI_TYPE_Q4_0>;
+    case MI_TYPE_Q4_1: return mi_mmq_kernel<MI_TYPE_Q4_1>;
+    case MI_TYPE_Q5_0: return mi_mmq_kernel<MI_TYPE_Q5_0>;
+    case MI_TYPE_Q5_1: return mi_mmq_kernel<MI_TYPE_Q5_1>;
+    case MI_TYPE_Q8_0: return mi_mmq_kernel<MI_TYPE_Q8_0>;
+    case MI_TYPE_Q4_K: return mi_mmq_kernel<MI_TYPE_Q4_K>;
+    case MI_TYPE_Q5_K: return mi_mmq_kernel<MI_TYPE_Q5_K>;
+    case MI_TYPE_Q6_K: return mi_mmq_kernel<MI_TYPE_Q6_K>;
+    default: return nullptr;
+    }
 }
 
 } // namespace
 
 size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
     const size_t full = (size_t)n_rows * (size_t)(max_nt > 0 ? max_nt : 0);
-    const int forced = mi_mmq_forced_splits();
-    if (forced > 1) return (size_t)forced * full;
     const int n_sm = mi_mmq_sm_count();
     if ((n_rows + BM - 1) / BM >= n_sm) return 0;
     const size_t bound = (size_t)3 * n_sm * BM * BN;
@@ -274,7 +280,10 @@ size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
 
 int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
                 int accumulate, float *scratch, size_t scratch_floats, cudaStream_t s) {
-    if (w->n_cols % 32 || w->n_cols <= 0 || w->n_rows <= 0 || (w->n_rows + BM - 1) / BM > 65535 || nt < 1 || ldx < w->n_cols)
+    const mi_mmq_fn kernel = mi_mmq_kernel_for(w->type);
+    if (!kernel) return mi_set_error(MI_ERR_TYPE, "CUDA mmq: unsupported type %d", w->type);
+    if (w->n_cols % 32 || w->n_cols <= 0 || w->n_rows <= 0 || (w->n_rows + BM - 1) / BM > 65535 || nt < 1 ||
+        ldx < w->n_cols)
         return mi_set_error(MI_ERR_ARG, "CUDA mmq: bad shape (n_rows %lld, n_cols %lld, nt %d, ldx %lld)",
                             (long long)w->n_rows, (long long)w->n_cols, nt, (long long)ldx);
     if (ldx % 4 || (uintptr_t)x % 16)
@@ -303,19 +312,8 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
     float *part = splits > 1 ? scratch : nullptr;
 
     const dim3 grid(tiles_n, tiles_m, splits);
-    switch (w->type) {
-    case MI_TYPE_F32: mi_mmq_launch<MI_TYPE_F32>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    case MI_TYPE_F16: mi_mmq_launch<MI_TYPE_F16>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    case MI_TYPE_Q4_0: mi_mmq_launch<MI_TYPE_Q4_0>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    case MI_TYPE_Q4_1: mi_mmq_launch<MI_TYPE_Q4_1>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    case MI_TYPE_Q5_0: mi_mmq_launch<MI_TYPE_Q5_0>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    case MI_TYPE_Q5_1: mi_mmq_launch<MI_TYPE_Q5_1>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    case MI_TYPE_Q8_0: mi_mmq_launch<MI_TYPE_Q8_0>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    case MI_TYPE_Q4_K: mi_mmq_launch<MI_TYPE_Q4_K>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    case MI_TYPE_Q5_K: mi_mmq_launch<MI_TYPE_Q5_K>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    case MI_TYPE_Q6_K: mi_mmq_launch<MI_TYPE_Q6_K>(grid, w, nchunks, x, ldx, nt, kps, y, ldy, bias, accumulate, part, s); break;
-    default: return mi_set_error(MI_ERR_TYPE, "CUDA mmq: unsupported type %d", w->type);
-    }
+    kernel<<<grid, MI_MMQ_THREADS, 0, s>>>(w->data, w->row_bytes, n_rows, nchunks, x, ldx, nt, kps, y, ldy, bias,
+                                           accumulate, part);
     MI_LAUNCH_TRY("mmq");
     if (part) {
         const int64_t n = (int64_t)out_floats;
@@ -343,7 +341,10 @@ extern "C" int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64
     auto al = [](size_t n) { return (n + 255) & ~(size_t)255; };
     const size_t wb = (size_t)t.row_bytes * n_rows, xb = (size_t)nt * n_cols * 4, yb = (size_t)nt * n_rows * 4;
     const size_t bias_b = bias ? (size_t)n_rows * 4 : 0;
-    const size_t sf = mi_cuda_mmq_scratch_floats(n_rows, nt), sb = sf * 4;
+    // Scratch for the automatic splits, or for MI_CUDA_MMQ_SPLITS when that asks for more.
+    const size_t sf_auto = mi_cuda_mmq_scratch_floats(n_rows, nt);
+    const size_t sf_forced = (size_t)mi_mmq_forced_splits() * nt * n_rows;
+    const size_t sf = sf_forced > sf_auto ? sf_forced : sf_auto, sb = sf * 4;
     const size_t total = al(wb) + al(xb) + al(yb) + al(bias_b) + al(sb);
     uint8_t *buf = nullptr;
     if (cudaMalloc(&buf, total) != cudaSuccess) {

@@ -10,7 +10,12 @@
 // weight chunk and activations are loaded into registers while the current step multiplies.
 // Shared memory: Ws [BM][BK+8] f16 + Xs [BN][BK+8] f16 (the +8 halves shift rows across banks),
 // reused after the K loop as the f32 staging tile Cs [BN][BM+4] of the epilogue: 33,792 bytes,
-// two blocks per SM. The f16 conversion also bounds the inputs: |W|, |x| must stay below 65504.
+// two blocks per SM. Why these sizes: 2 x 2 accumulators of 16 x 16 are 32 f32 registers per
+// thread, which keeps the kernel under 128 registers (two blocks of 8 warps per SM); BK = 64 is
+// exactly one chunk per thread per step; 128 x 64 still gives a 1536-row matrix 96 tiles at
+// nt = 512. The f16 conversion bounds the inputs: |W| and |x| must stay below 65504.
+// Not fused (unlike MMVQ): SwiGLU pairs and stacked q/k/v outputs; call once per matrix.
+// Launched plainly (no PDL attribute): the kernels do not call griddepcontrol.wait.
 //
 // Launch: grid (ceil(nt/BN), ceil(n_rows/BM), splits). splits > 1 ("K-split") only when the
 // tile grid alone has fewer blocks than the GPU has SMs (few activation rows or few weight rows):
@@ -19,7 +24,8 @@
 // the same call on the same GPU gives the same bits every run. The number of splits is a function
 // of (n_rows, nt, n_cols, SM count, scratch_floats), so unlike MMVQ a row's result may change
 // with nt (no nt-bitwise contract for nt > 8). MI_CUDA_MMQ_SPLITS=n in the environment forces n
-// splits (testing; read at every call), still capped by the scratch given.
+// splits (testing; read at every call), still capped by the scratch given (which
+// mi_cuda_mmq_scratch_floats sizes for the automatic choice only; the test entry allocates more).
 //
 // Tolerance (not bitwise to MMVQ or the CPU): x is rounded to f16 (2^-11 relative); a quantized
 // weight is q * f16(dw*sc) + f16(mw) rounded to f16, off by ~2^-11 of |dw*sc*q| + |mw|; the tensor
@@ -49,7 +55,7 @@ static inline bool mi_cuda_mmq_applies(int type, int64_t n_cols, int nt) {
 // Floats of scratch that cover the K-split partials of every call with this n_rows and any
 // nt <= max_nt on the current device: partials are [splits][nt][n_rows] f32, and splits > 1 only
 // when the tile grid has fewer blocks than SMs, so splits * nt * n_rows < 3 * SMs * BM * BN
-// (~13 MiB on 132 SMs) whatever the shape; 0 when n_rows alone gives enough blocks.
+// (12.4 MiB on 132 SMs) whatever the shape; 0 when n_rows alone gives enough blocks.
 size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt);
 
 // y[t*ldy + r] (= or +=) bias[r] + sum_c W[r,c] * x[t*ldx + c], t < nt, r < w->n_rows:

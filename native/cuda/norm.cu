@@ -13,6 +13,15 @@ __global__ void __launch_bounds__(MI_NORM_THREADS)
     mi_rmsnorm_quant_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
                             const int32_t *__restrict__ n_rows_d, const float *__restrict__ w, float eps, int n,
                             float *__restrict__ xn, mi_block_q8a *__restrict__ xq) {
+    // The norm weights are constants: load this lane's share before waiting on the previous kernel.
+    constexpr int PRE = 4; // chunks per warp held in registers (rows up to 4 * 32 * 32 = 4096 wide)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float wr[PRE];
+#pragma unroll
+    for (int k = 0; k < PRE; k++) {
+        const int c = warp + k * (MI_NORM_THREADS / 32);
+        wr[k] = c < n / 32 ? w[32 * c + lane] : 0.0f;
+    }
     mi_pdl_wait();
     mi_pdl_trigger();
     const int j = blockIdx.x;
@@ -20,10 +29,20 @@ __global__ void __launch_bounds__(MI_NORM_THREADS)
     const float *xr = x + (int64_t)(rows ? rows[j] : j) * n;
     __shared__ float part[MI_NORM_THREADS / 32];
     __shared__ float scale_sh;
+    // Thread t holds x[t + 1024 k] (k < PRE): exactly the elements its warp's chunks c = warp + 32 k
+    // quantize below, so the row is read once.
+    float xv[PRE];
+#pragma unroll
+    for (int k = 0; k < PRE; k++) {
+        const int i = threadIdx.x + k * MI_NORM_THREADS;
+        xv[k] = i < n ? xr[i] : 0.0f;
+    }
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += MI_NORM_THREADS) ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
+#pragma unroll
+    for (int k = 0; k < PRE; k++)
+        if (threadIdx.x + k * MI_NORM_THREADS < n) ss = __fadd_rn(ss, __fmul_rn(xv[k], xv[k]));
+    for (int i = threadIdx.x + PRE * MI_NORM_THREADS; i < n; i += MI_NORM_THREADS) ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
     ss = mi_warp_sum(ss);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) part[warp] = ss;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -33,7 +52,17 @@ __global__ void __launch_bounds__(MI_NORM_THREADS)
     }
     __syncthreads();
     const float scale = scale_sh;
-    for (int c = warp; c < n / 32; c += MI_NORM_THREADS / 32) {
+#pragma unroll
+    for (int k = 0; k < PRE; k++) {
+        const int c = warp + k * (MI_NORM_THREADS / 32);
+        if (c < n / 32) {
+            const int i = 32 * c + lane;
+            const float v = __fmul_rn(__fmul_rn(xv[k], scale), wr[k]);
+            xn[(int64_t)j * n + i] = v;
+            mi_quant_chunk_warp(v, xq + (int64_t)j * (n / 32) + c, lane);
+        }
+    }
+    for (int c = warp + PRE * (MI_NORM_THREADS / 32); c < n / 32; c += MI_NORM_THREADS / 32) {
         const int i = 32 * c + lane;
         const float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
         xn[(int64_t)j * n + i] = v;
