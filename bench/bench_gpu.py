@@ -222,6 +222,8 @@ def main():
         tg = decode_times(ctx, args.tokens)
         med = statistics.median(tg)
         rows.append((name, "tg nt=1 @0", 1 / med, 100 / med / roof, min(tg) * 1e3))
+        g1 = ctx.gpu_replay_ms(1, 200) / 1e3  # the same forward, graph replays back to back
+        rows.append((name, "  GPU-only nt=1 @~200", 1 / g1, 100 / g1 / roof, g1 * 1e3))
         prefill(ctx, args.depth)
         tgd = decode_times(ctx, args.tokens // 2, start_pos=args.depth)
         med = statistics.median(tgd)
@@ -229,6 +231,8 @@ def main():
         b8 = decode_times(ctx, 10, start_pos=0, nt=8)[2:]
         med = statistics.median(b8)
         rows.append((name, "nt=8 batch @0", 8 / med, float("nan"), min(b8) * 1e3))
+        g8 = ctx.gpu_replay_ms(8, 100) / 1e3
+        rows.append((name, "  GPU-only nt=8", 8 / g8, float("nan"), g8 * 1e3))
         for nt in (64, 512):
             prefill(ctx, 512, nt=nt)  # warm
             pt = []

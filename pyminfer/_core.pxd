@@ -29,6 +29,7 @@ cdef extern from "pyminfer.h" nogil:
     int mi_ctx_create(const mi_model_desc *desc, int32_t n_ctx, int32_t max_nt, int32_t n_threads, int32_t device,
                       mi_ctx **out)
     void mi_ctx_free(mi_ctx *ctx)
+    int mi_gpu_replay_ms(mi_ctx *ctx, int32_t nt, int32_t reps, float *ms)
     int mi_forward(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
                    int32_t n_out, float *logits, int32_t *argmax)
     int mi_dequantize(int32_t type, const void *src, int64_t n_rows, int64_t n_cols, float *dst)

@@ -200,6 +200,22 @@ cdef class Context:
                 rc = mi_forward(c, &tokens[0], &pos[0], nt, rp, n_out, lp, ap)
         _check(rc)
 
+    def gpu_replay_ms(self, int nt, int reps=100) -> float:
+        """GPU milliseconds of one nt-row forward: the captured graph (tokens and positions of the
+        last forward) replayed ``reps`` times back to back, timed with CUDA events (no host work
+        in between). Raises NativeError on a CPU context, without graphs or for nt > 8."""
+        cdef float ms = 0.0
+        cdef int rc
+        cdef mi_ctx *c
+        with self._lock:
+            if self.ctx == NULL:
+                raise ValueError("context is closed")
+            c = self.ctx
+            with nogil:
+                rc = mi_gpu_replay_ms(c, nt, reps, &ms)
+        _check(rc)
+        return ms
+
 
 def dequantize(int type, const unsigned char[::1] src, int64_t n_rows, int64_t n_cols, float[:, ::1] dst) -> None:
     """Dequantize ``n_rows`` x ``n_cols`` elements of ggml ``type`` from raw bytes into f32 ``dst``."""

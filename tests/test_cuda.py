@@ -342,6 +342,35 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
 
 
+@pytest.mark.parametrize("variant", ["mixed", "stacked", "norm_rope_f16", "n_embd_2560"])
+def test_fused_rope_bitwise_equals_rope_kernel(variant, monkeypatch):
+    """RoPE + KV write in the q/k/v mat-vec epilogue (default) gives the bits of the separate rope
+    kernel (MI_CUDA_ROPE_FUSE=0): separate and stacked q/k/v launches, NEOX and NORM, biases, the
+    f16 kernel, 4 and 2 rows per block; decode steps after a prompt so the cache is read back."""
+    kw = {}
+    if variant == "mixed":
+        kw = dict(types=SMALL_TYPES)
+    elif variant == "stacked":
+        kw = dict(types=bg.qwen_types(SMALL["n_layer"]))
+    elif variant == "norm_rope_f16":
+        kw = dict(types=dict(SMALL_TYPES, q=bg.F16, k=bg.F16, v=bg.F16), rope_type=0)
+    else:  # 80 chunks per row: 2 rows per block
+        kw = dict(types=bg.qwen_types(SMALL["n_layer"]), n_embd=2560, n_head=40, n_head_kv=8)
+    model = small_model(9, **kw)
+    V = SMALL["n_vocab"]
+    prompt = list(np.random.default_rng(9).integers(0, V, 6))
+    out = []
+    for fuse in ("0", "1"):
+        monkeypatch.setenv("MI_CUDA_ROPE_FUSE", fuse)
+        ctx = make_ctx(model, 1)
+        lg, toks = session(ctx, prompt, 5, V)
+        out.append((lg, toks, run(ctx, [3, 4, 5], [12, 13, 14], V)))
+    assert np.std(out[0][0]) > 0.1
+    assert out[0][1] == out[1][1]
+    assert np.array_equal(out[0][0], out[1][0])
+    assert np.array_equal(out[0][2][0], out[1][2][0])
+
+
 def test_prefill_chunking_within_tolerance():
     """One 40-token prefill (GEMM), chunks 16+16+8 (GEMM, GEMM, mat-vec) and eight 5-token
     chunks (mat-vec): the last row's logits agree within the tolerance of the two paths."""

@@ -184,6 +184,16 @@ static void argmax_rows(const float *logits, int32_t n_out, int32_t n_vocab, int
     }
 }
 
+int mi_gpu_replay_ms(mi_ctx *c, int32_t nt, int32_t reps, float *ms) {
+    if (reps < 1) return mi_set_error(MI_ERR_ARG, "reps must be >= 1");
+#ifdef MI_HAS_CUDA
+    if (c->device == MI_DEVICE_CUDA) return mi_cuda_replay_ms(c->cuda, nt, reps, ms);
+#endif
+    (void)nt;
+    (void)ms;
+    return mi_set_error(MI_ERR_ARG, "GPU replay timing needs a CUDA context");
+}
+
 int mi_forward(mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows, int32_t n_out,
                float *logits, int32_t *argmax) {
     if (!c) return mi_set_error(MI_ERR_ARG, "null context");

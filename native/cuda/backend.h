@@ -13,6 +13,8 @@ void mi_cuda_ctx_free(mi_cuda_ctx *c);
 /* Same contract as mi_forward (host pointers in and out). */
 int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
                     int32_t n_out, float *logits, int32_t *argmax);
+/* See mi_gpu_replay_ms. */
+int mi_cuda_replay_ms(mi_cuda_ctx *c, int32_t nt, int32_t reps, float *ms);
 /* Same contract as mi_op_matmul with device = CUDA (host pointers; copies in and out). */
 int mi_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt, float *y);
 #ifdef __cplusplus

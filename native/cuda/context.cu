@@ -1,7 +1,7 @@
 // CUDA backend: context (weights uploaded once in their GGUF layouts, f16 KV cache, scratch),
 // the transformer forward as a chain of kernels, and one CUDA graph per batch size nt <= 8.
 // Data path per layer (as cpu/forward.c, rows independent):
-//   x -> rmsnorm+quant -> q,k,v (+bias) -> rope + f16 KV write -> split attention (+ merge, quant)
+//   x -> rmsnorm+quant -> q,k,v (+bias, rope, f16 KV write) -> split attention (+ merge, quant)
 //     -> wo (+= x) -> rmsnorm+quant -> silu(gate)*up (+ quant, one launch) -> down (+= x)
 // Kernels are chained with programmatic dependent launch (common.cuh): each starts while the one
 // before drains, and the mat-vecs prefetch their weights meanwhile.
@@ -52,6 +52,7 @@ struct mi_cuda_ctx {
     // every block cost more than the launch saved (1.5B 762 vs 779 tok/s, 0.5B 1232 vs 1264).
     int fuse_quant;
     int no_mmq;            // MI_CUDA_MMQ=0: nt >= 9 loops the 8-row mat-vec instead (A/B, tests)
+    int rope_fuse;         // RoPE + KV write in the q/k/v mat-vec epilogue (MI_CUDA_ROPE_FUSE=0: kernel)
     float *amax_v;         // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (value)
     int32_t *amax_i;       // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (index)
     int32_t *amax_cnt;     // [max_nt] argmax block counters (kept zero between launches)
@@ -166,6 +167,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
             MI_RUNK(MI_P_MM_Q, mm(&L->wk, c->xq, c->xn, E, nt, c->k, KD, L->bk, 0));
             MI_RUNK(MI_P_MM_Q, mm(&L->wv, c->xq, c->xn, E, nt, c->v, KD, L->bv, 0));
         }
+        const bool fuse_rope = !gemm && c->rope_fuse;
         for (int gi = 0; gi < (gemm ? 0 : L->n_qkv); gi++) {
             float *const ys[3] = {c->q, c->k, c->v};
             const int64_t lds[3] = {QD, KD, KD};
@@ -180,11 +182,24 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
                 o.y[i] = ys[m];
                 o.ldy[i] = lds[m];
                 o.bias[i] = bs[m];
+                if (fuse_rope) { // q rotated in place, k rotated into the cache, v copied there
+                    o.rope[i] = m == 0 ? 1 : m == 1 ? 2 : 3;
+                    o.cache[i] = m == 1 ? kc : m == 2 ? vc : nullptr;
+                }
             }
             o.n_seg = L->qkv_count[gi];
+            if (fuse_rope) {
+                o.any_rope = 1;
+                o.hd = HD;
+                o.neox = c->rope_type == MI_ROPE_NEOX;
+                o.ld_cache = KD;
+                o.pos = pos;
+                o.rope_cs = c->rope_cs;
+            }
             MI_RUNK(MI_P_MM_Q, mi_cuda_mmvq_seg(&L->qkv_w[gi], nullptr, c->xq, c->xn, E, nt, &o, 0, s));
         }
-        MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
+        if (!fuse_rope)
+            MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
                                s));
         MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale, c->part,
                                              c->attn_cnt, c->att, c->xq, s));
@@ -311,6 +326,8 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->fuse_quant = fe && strcmp(fe, "1") == 0;
     const char *me = getenv("MI_CUDA_MMQ");
     c->no_mmq = me && strcmp(me, "0") == 0;
+    const char *re = getenv("MI_CUDA_ROPE_FUSE");
+    c->rope_fuse = !(re && strcmp(re, "0") == 0) && mi_cuda_mmvq_can_rope(d->n_embd);
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
     if (!c->layers) { free(c); return mi_set_error(MI_ERR_OOM, "out of host memory"); }
     int rc = MI_OK;
@@ -484,6 +501,28 @@ extern "C" int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int3
     c->n_ev = 0;
     if (n_out > 0 && argmax) memcpy(argmax, c->h_ints + 3 * M + 1, (size_t)n_out * 4);
     return MI_OK;
+}
+
+extern "C" int mi_cuda_replay_ms(mi_cuda_ctx *c, int32_t nt, int32_t reps, float *ms) {
+    if (nt < 1 || nt > MI_GRAPH_MAX_NT || nt > c->max_nt || !c->graphs[nt])
+        return mi_set_error(MI_ERR_ARG, "no captured graph for nt=%d (graphs %s)", nt, c->use_graphs ? "on" : "off");
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    int rc = [&]() -> int {
+        MI_CUDA_TRY(cudaEventCreate(&e0));
+        MI_CUDA_TRY(cudaEventCreate(&e1));
+        MI_CUDA_TRY(cudaGraphLaunch(c->graphs[nt], c->stream)); // warm
+        MI_CUDA_TRY(cudaEventRecord(e0, c->stream));
+        for (int i = 0; i < reps; i++) MI_CUDA_TRY(cudaGraphLaunch(c->graphs[nt], c->stream));
+        MI_CUDA_TRY(cudaEventRecord(e1, c->stream));
+        MI_CUDA_TRY(cudaEventSynchronize(e1));
+        float t = 0.0f;
+        MI_CUDA_TRY(cudaEventElapsedTime(&t, e0, e1));
+        *ms = t / (float)reps;
+        return MI_OK;
+    }();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return rc;
 }
 
 extern "C" int mi_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,

@@ -25,12 +25,25 @@ int mi_launch_type(int type, bool glu, int nt, const mi_mmvq_args &a, cudaStream
 }
 } // namespace
 
+// Rows per 128-thread block from the row length only (never from nt): short rows share a block
+// so fewer lanes idle. (Tried: one chunk pair per lane: no faster at nt=1, 20-30% slower at nt=8.)
+static int mi_rows_per_block(int64_t nchunks) { return nchunks <= 64 ? 4 : nchunks <= 128 ? 2 : 1; }
+
+static int mi_mmvq_mode() {
+    const char *ev = getenv("MI_CUDA_MMVQ");
+    return ev ? atoi(ev) : 0;
+}
+
+bool mi_cuda_mmvq_can_rope(int64_t n_cols) { return mi_mmvq_mode() == 0 && mi_rows_per_block(n_cols / 32) % 2 == 0; }
+
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s) {
     if (w_up && (w_up->type != w->type || w_up->n_rows != w->n_rows || w_up->n_cols != w->n_cols))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: SwiGLU pair differs in type or shape");
     if (out->yq && (out->n_seg != 1 || w->n_rows % 32 || !out->cnt))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: quantized output needs one segment of 32k rows and counters");
+    if (out->any_rope && (w_up || !mi_cuda_mmvq_can_rope(w->n_cols) || out->hd % 2))
+        return mi_set_error(MI_ERR_ARG, "CUDA matmul: fused RoPE needs the block kernel with even rows per block");
     const int64_t nchunks = w->n_cols / 32;
     mi_mmvq_args a;
     a.w0 = w->data;
@@ -39,16 +52,13 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     a.n_rows = (int)w->n_rows;
     a.n_cols = (int)w->n_cols;
     a.accumulate = accumulate;
-    // Threads per row from the row length only (never from nt): short rows share a block so
-    // fewer lanes idle. (Tried: one chunk pair per lane: no faster at nt=1, 20-30% slower at nt=8.)
-    a.rpb = nchunks <= 64 ? 4 : nchunks <= 128 ? 2 : 1;
+    a.rpb = mi_rows_per_block(nchunks);
     // Quantized weights: MI_CUDA_MMVQ picks the kernel (read at every call, so a graph keeps what
     // was set at capture): unset/0 = the block kernel (mmvq_kernels.cuh) (fastest at nt = 1 on the H200: 7B shape
     // 359 vs 350 / 340 tok/s, 1.5B 688 vs 619 / 629), 1 = the warp kernel with one warp per row
     // (fastest at nt = 8: 7B 1454 vs 1275 batch tok/s; 14B nt = 1 175 vs 165), 2 = the warp kernel
     // with 1, 2 or 4 warps per row by row length. a.warp = warps per row, 0 = block kernel.
-    const char *ev = getenv("MI_CUDA_MMVQ");
-    const int mode = ev ? atoi(ev) : 0;
+    const int mode = mi_mmvq_mode();
     a.warp = mode == 0 ? 0 : mode == 1 ? 1 : nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
     for (int t0 = 0; t0 < nt; t0 += 8) {
         const int g = nt - t0 < 8 ? nt - t0 : 8;
@@ -58,6 +68,10 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
         a.os = *out;
         for (int i = 0; i < out->n_seg; i++) a.os.y[i] = out->y[i] + t0 * out->ldy[i];
         if (out->yq) a.os.yq = out->yq + t0 * out->ldq;
+        if (out->any_rope) {
+            a.os.pos = out->pos + t0;
+            a.os.rope_cs = out->rope_cs + (int64_t)t0 * out->hd;
+        }
         int rc = mi_launch_type(w->type, w_up != nullptr, g, a, s);
         if (rc) return rc;
     }

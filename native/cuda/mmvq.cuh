@@ -24,7 +24,23 @@ struct mi_mmvq_out {
     mi_block_q8a *yq;
     int64_t ldq;
     int32_t *cnt;
+    // RoPE and the KV-cache write fused into the q/k/v launch (any_rope != 0; block kernel with an
+    // even number of rows per block): per segment rope[i] = 0 plain; 1 rotate, f32 to y[i];
+    // 2 rotate, f16 to cache[i]; 3 f16 copy to cache[i]. Modes 1 and 2 compute a head's rows in
+    // pair order (virtual rows 2m, 2m+1 = the two dims one rotation mixes: NEOX m, m + hd/2; NORM
+    // 2m, 2m + 1), so both land in one block and are rotated there with the rope kernel's formula:
+    // the same bits as matmul + mi_cuda_rope_kv. cache[i]: [n_ctx][ld_cache] f16, row pos[t];
+    // rope_cs: [nt][hd] (cos[hd/2] then sin[hd/2]).
+    int any_rope, hd, neox;
+    int rope[MI_MMVQ_MAX_SEG];
+    __half *cache[MI_MMVQ_MAX_SEG];
+    int64_t ld_cache;
+    const int32_t *pos;
+    const float *rope_cs;
 };
+// Whether a q/k/v launch over rows of n_cols columns can take the fused RoPE epilogue (the block
+// kernel with an even number of rows per block, and MI_CUDA_MMVQ unset or 0).
+bool mi_cuda_mmvq_can_rope(int64_t n_cols);
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s);
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,

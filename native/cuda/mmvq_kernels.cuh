@@ -19,18 +19,93 @@ __device__ __forceinline__ float mi_silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
-// Before the PDL wait (common.cuh): pull this block's weight rows [r0, r0 + n) towards L2 while
-// the previous kernel still runs (weights are constants, so this may precede the wait), then wait
-// for the activations.
+// Segment of (virtual) row r and its fused-RoPE mode, first row, output and bias (constant
+// indices only, so the parameter struct stays out of local memory).
+struct mi_seg_sel {
+    int mode, base;
+    float *y;
+    int64_t ldy;
+    const float *bias;
+    __half *cache;
+};
+__device__ __forceinline__ mi_seg_sel mi_seg_of(const mi_mmvq_out &os, int r) {
+    mi_seg_sel s = {os.rope[0], 0, os.y[0], os.ldy[0], os.bias[0], os.cache[0]};
+#pragma unroll
+    for (int i = 1; i < MI_MMVQ_MAX_SEG; i++)
+        if (i < os.n_seg && r >= os.end[i - 1]) s = {os.rope[i], os.end[i - 1], os.y[i], os.ldy[i], os.bias[i], os.cache[i]};
+    return s;
+}
+
+// Matrix row computed as virtual row r: rotated NEOX segments take a head's rows in pair order
+// (virtual 2m, 2m + 1 = dims m, m + hd/2); everything else in order.
+__device__ __forceinline__ int mi_act_row(const mi_mmvq_out &os, int r) {
+    if (!os.any_rope || !os.neox) return r;
+    const mi_seg_sel s = mi_seg_of(os, r);
+    if (s.mode != 1 && s.mode != 2) return r;
+    const int l = r - s.base, n = l % os.hd;
+    return s.base + (l - n) + (n & 1) * (os.hd / 2) + n / 2;
+}
+
+// Before the PDL wait (common.cuh): pull this block's weight rows (virtual r0 .. r0 + n - 1)
+// towards L2 while the previous kernel still runs (weights are constants, so this may precede
+// the wait), then wait for the activations.
 __device__ __forceinline__ void mi_mmvq_prologue(const uint8_t *w0, const uint8_t *w1, int64_t row_bytes, int r0,
-                                                 int n, int n_rows) {
+                                                 int n, int n_rows, const mi_mmvq_out &os) {
     if (n > n_rows - r0) n = n_rows - r0;
-    if (n > 0) {
+    if (n > 0 && !os.any_rope) {
         mi_prefetch_l2(w0 + (int64_t)r0 * row_bytes, (int64_t)n * row_bytes);
         if (w1) mi_prefetch_l2(w1 + (int64_t)r0 * row_bytes, (int64_t)n * row_bytes);
+    } else {
+        for (int k = 0; k < n; k++) mi_prefetch_l2(w0 + (int64_t)mi_act_row(os, r0 + k) * row_bytes, row_bytes);
     }
     mi_pdl_wait();
     mi_pdl_trigger();
+}
+
+// Fused epilogue of a q/k/v launch (os.any_rope), called by every thread of the block: row k of
+// the block (virtual row r, matrix row ra) is finished by its thread j == 0 (active). Values
+// (+ bias) meet in shared memory; the even row of each rotated pair writes both rotated outputs.
+template <int NT>
+__device__ __forceinline__ void mi_epilogue_rope(const float *acc, int r, int ra, int k, bool active,
+                                                 const mi_mmvq_out &os, int accumulate) {
+    __shared__ float pv[4][NT]; // rows per block <= 4
+    mi_seg_sel s = {0, 0, nullptr, 0, nullptr, nullptr};
+    if (active) {
+        s = mi_seg_of(os, r);
+#pragma unroll
+        for (int t = 0; t < NT; t++) pv[k][t] = s.bias ? __fadd_rn(acc[t], s.bias[ra - s.base]) : acc[t];
+    }
+    __syncthreads();
+    if (!active) return;
+    const int l = ra - s.base; // the matrix row within its segment
+    if (s.mode == 0) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float *o = s.y + t * s.ldy + l;
+            *o = accumulate ? __fadd_rn(*o, pv[k][t]) : pv[k][t];
+        }
+    } else if (s.mode == 3) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) s.cache[(int64_t)os.pos[t] * os.ld_cache + l] = __float2half_rn(pv[k][t]);
+    } else if (((r - s.base) & 1) == 0) {
+        const int n = (r - s.base) % os.hd, i = n / 2, half = os.hd / 2, h0 = (r - s.base) - n;
+        const int a = os.neox ? i : 2 * i, b = os.neox ? i + half : 2 * i + 1;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float x0 = pv[k][t], x1 = pv[k + 1][t];
+            const float cs = os.rope_cs[t * os.hd + i], sn = os.rope_cs[t * os.hd + half + i];
+            const float y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+            const float y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+            if (s.mode == 1) {
+                s.y[t * s.ldy + h0 + a] = y0;
+                s.y[t * s.ldy + h0 + b] = y1;
+            } else {
+                __half *d = s.cache + (int64_t)os.pos[t] * os.ld_cache + h0;
+                d[a] = __float2half_rn(y0);
+                d[b] = __float2half_rn(y1);
+            }
+        }
+    }
 }
 
 template <int T, int NT>
@@ -137,13 +212,14 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     const int tpr = MI_MMVQ_THREADS / rpb;
     const int j = threadIdx.x % tpr;
     const int r = blockIdx.x * rpb + threadIdx.x / tpr;
-    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows);
+    const int ra = r < n_rows ? mi_act_row(os, r) : r;
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows, os);
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
     if (r < n_rows) {
-        const uint8_t *row0 = w0 + (int64_t)r * row_bytes;
-        const uint8_t *row1 = GLU ? w1 + (int64_t)r * row_bytes : nullptr;
+        const uint8_t *row0 = w0 + (int64_t)ra * row_bytes;
+        const uint8_t *row1 = GLU ? w1 + (int64_t)ra * row_bytes : nullptr;
         // Two chunks per step so their loads are in flight together (order of the sum unchanged).
 #pragma unroll 2
         for (int c = j; c < nchunks; c += tpr) {
@@ -153,7 +229,10 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     }
     mi_row_reduce<NT>(acc, tpr, sh[0]);
     if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
-    if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
+    if (!GLU && os.any_rope)
+        mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
+    else if (j == 0 && r < n_rows)
+        mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
 }
 
@@ -175,7 +254,8 @@ __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int tpr = 32 * wpr, j = (warp % wpr) * 32 + lane;
     const int r = blockIdx.x * (MI_MMVQ_WARPS / wpr) + warp / wpr;
-    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * (MI_MMVQ_WARPS / wpr), MI_MMVQ_WARPS / wpr, n_rows);
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * (MI_MMVQ_WARPS / wpr), MI_MMVQ_WARPS / wpr, n_rows,
+                     os); // (never fused RoPE: mi_cuda_mmvq_can_rope)
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
@@ -246,7 +326,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     const int tpr = MI_MMVQ_THREADS / rpb;
     const int j = threadIdx.x % tpr;
     const int r = blockIdx.x * rpb + threadIdx.x / tpr;
-    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows);
+    const int ra = r < n_rows ? mi_act_row(os, r) : r;
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows, os);
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
@@ -254,7 +335,7 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
         for (int c = j; c < n_cols; c += tpr) {
 #pragma unroll
             for (int g = 0; g < (GLU ? 2 : 1); g++) {
-                const uint8_t *row = (g ? w1 : w0) + (int64_t)r * row_bytes;
+                const uint8_t *row = (g ? w1 : w0) + (int64_t)ra * row_bytes;
                 const float wv = T == MI_TYPE_F32 ? ((const float *)row)[c] : __half2float(((const __half *)row)[c]);
                 float *a = g ? acc1 : acc;
 #pragma unroll
@@ -264,7 +345,10 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     }
     mi_row_reduce<NT>(acc, tpr, sh[0]);
     if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
-    if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
+    if (!GLU && os.any_rope)
+        mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
+    else if (j == 0 && r < n_rows)
+        mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
 }
 

@@ -74,6 +74,12 @@ int32_t mi_ctx_device(const mi_ctx *ctx);
 int mi_forward(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
                int32_t n_out, float *logits, int32_t *argmax);
 
+/* Benchmark: replay the captured nt-row forward (the tokens and positions of the last forward)
+ * `reps` times back to back on the GPU and store the GPU milliseconds per replay in *ms (CUDA
+ * events; no host work between replays). MI_ERR_ARG on a CPU context, without graphs, or nt
+ * outside 1..min(8, max_nt). */
+int mi_gpu_replay_ms(mi_ctx *ctx, int32_t nt, int32_t reps, float *ms);
+
 /* ---- op-level entry points (tests, benches). Host pointers in and out on every device. ---- */
 
 /* Dequantize n_rows x n_cols of `type` to f32 (CPU). */
