@@ -87,9 +87,11 @@ class AdaptiveDepth:
         self.max_depth = max_depth
         self.decay = decay
         self.hysteresis = hysteresis
-        # Beta(1.6, 0.4) prior (mean 0.8): optimism, so depths not tried yet look worth trying
-        self.acc = np.full(max_depth + 1, 1.6)
-        self.rej = np.full(max_depth + 1, 0.4)
+        # Beta(1.6, 0.4) prior (mean 0.8): optimism, so depths not tried yet look worth trying.
+        # Plain Python floats throughout: this runs once per round, next to a ~1 ms GPU forward,
+        # and numpy's per-call overhead made it ~50 us.
+        self.acc = [1.6] * (max_depth + 1)
+        self.rej = [0.4] * (max_depth + 1)
         self.verify_cost: list[deque[float]] = [deque(maxlen=4) for _ in range(max_depth + 2)]  # by nt
         self.draft_step: deque[float] = deque(maxlen=16)
         self.cur = 0  # first round plain: measures C_T(1)
@@ -98,7 +100,7 @@ class AdaptiveDepth:
 
     def p(self) -> np.ndarray:
         """Smoothed conditional acceptance per draft position, [max_depth + 1] (index 0 unused)."""
-        return self.acc / (self.acc + self.rej)
+        return np.array([a / (a + r) for a, r in zip(self.acc, self.rej)])
 
     def c_verify(self, nt: int) -> float | None:
         """Seconds of one nt-row target forward: min of the last 4 measured, else extrapolated
@@ -112,15 +114,26 @@ class AdaptiveDepth:
         k, c = min(known, key=lambda kc: abs(kc[0] - nt))
         return c * (1.0 + 0.05 * max(nt - k, 0))  # optimistic growth for unseen batch sizes
 
-    def rate(self, d: int) -> float:
-        """Expected tokens per second of a round at depth d (inf for the first depth to try)."""
-        cv = self.c_verify(d + 1)
+    def rates(self) -> list[float]:
+        """Expected tokens per second of a round at each depth 0..max_depth (inf for ``start``
+        before the costs it needs are measured, 0 for other unmeasurable depths)."""
         cd = min(self.draft_step) if self.draft_step else None
-        if cv is None or (d > 0 and cd is None):
-            return float("inf") if d == self.start else 0.0
-        p = self.p()
-        exp_tokens = 1.0 + float(np.sum(np.cumprod(p[1:d + 1]))) if d else 1.0
-        return exp_tokens / (cv + d * (cd or 0.0))
+        out = []
+        exp_tokens, run = 1.0, 1.0  # 1 + sum_{i<=d} prod_{j<=i} p_j, built up over d
+        for d in range(self.max_depth + 1):
+            if d:
+                run *= self.acc[d] / (self.acc[d] + self.rej[d])
+                exp_tokens += run
+            cv = self.c_verify(d + 1)
+            if cv is None or (d > 0 and cd is None):
+                out.append(float("inf") if d == self.start else 0.0)
+            else:
+                out.append(exp_tokens / (cv + d * (cd or 0.0)))
+        return out
+
+    def rate(self, d: int) -> float:
+        """Expected tokens per second of a round at depth d (see rates)."""
+        return self.rates()[d]
 
     def choose(self) -> int:
         """Depth of the next round: d = 0 first (measures C_T(1)), then ``start``, then the best
@@ -130,8 +143,8 @@ class AdaptiveDepth:
         elif len(self.history) == 1:
             d = self.start
         else:
-            rates = [self.rate(d) for d in range(self.max_depth + 1)]
-            best = int(np.argmax(rates))
+            rates = self.rates()
+            best = max(range(len(rates)), key=rates.__getitem__)  # first of equal maxima
             d = best if rates[best] > rates[self.cur] * (1.0 + self.hysteresis) else self.cur
         self.cur = d
         self.history.append(d)

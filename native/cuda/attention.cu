@@ -17,6 +17,46 @@ __device__ __forceinline__ void mi_attn_split_size(int n_kv, int &S, int &n_used
     n_used = (n_kv + S - 1) / S;
 }
 
+// DPL contiguous halves of a K or V row into f32, in the widest aligned loads DPL allows (the row
+// offset lane * DPL halves is 2 * DPL-byte aligned): 16, 8 or 4 bytes at a time, else 2.
+template <int DPL> __device__ __forceinline__ void mi_ld_halves(const __half *p, float *f) {
+    if constexpr (DPL % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < DPL; i += 8) {
+            const uint4 u = *(const uint4 *)(p + i);
+            const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 v = __half22float2(h[k]);
+                f[i + 2 * k] = v.x;
+                f[i + 2 * k + 1] = v.y;
+            }
+        }
+    } else if constexpr (DPL % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < DPL; i += 4) {
+            const uint2 u = *(const uint2 *)(p + i);
+            const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const float2 v = __half22float2(h[k]);
+                f[i + 2 * k] = v.x;
+                f[i + 2 * k + 1] = v.y;
+            }
+        }
+    } else if constexpr (DPL % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < DPL; i += 2) {
+            const float2 v = __half22float2(*(const __half2 *)(p + i));
+            f[i] = v.x;
+            f[i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) f[i] = __half2float(p[i]);
+    }
+}
+
 // DPL = head_dim / 32 dims per lane (contiguous, so one K row is one coalesced 2*hd-byte read).
 template <int DPL>
 __global__ void __launch_bounds__(MI_ATTN_THREADS)
@@ -50,13 +90,8 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
 #pragma unroll
         for (int u = 0; u < MI_ATTN_UNROLL; u++) {
             const int j = min(j0 + u, k1 - 1); // clamped: out-of-range slots are masked below
-            const __half *kr = kc + (int64_t)j * kvd + g * HD + lane * DPL;
-            const __half *vr = vc + (int64_t)j * kvd + g * HD + lane * DPL;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                kf[u][i] = __half2float(kr[i]);
-                vf[u][i] = __half2float(vr[i]);
-            }
+            mi_ld_halves<DPL>(kc + (int64_t)j * kvd + g * HD + lane * DPL, kf[u]);
+            mi_ld_halves<DPL>(vc + (int64_t)j * kvd + g * HD + lane * DPL, vf[u]);
         }
 #pragma unroll
         for (int u = 0; u < MI_ATTN_UNROLL; u++) {
