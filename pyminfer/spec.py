@@ -79,21 +79,27 @@ def check_draft(target: Model, draft: Model) -> None:
 class AdaptiveDepth:
     """Chooses the draft depth d of each round to maximise expected tokens per second.
 
-    Model: a round at depth d costs d draft steps plus one target forward of d+1 rows and yields
-    1 + sum_{i<=d} prod_{j<=i} p_j tokens, p_j the conditional acceptance at draft position j.
+    Model: a round at depth d yields 1 + sum_{i<=d} prod_{j<=i} p_j tokens, p_j the smoothed
+    conditional acceptance at draft position j, and costs its measured wall time: the median of
+    the last rounds run at depth d, start to start, so everything the round costs counts (draft
+    steps, the verify forward, the host work of the loop and of whoever consumes the tokens).
+    A depth not run yet is priced from its parts: the target's nt = d+1 forward, d draft steps
+    and the measured per-round remainder. Seeds' doc 95 design: optimism for untried depths
+    (Beta(1.6, 0.4) prior on acceptance), hysteresis against flapping, d = 0 allowed.
     """
 
-    def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.10):
+    def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.05):
         self.max_depth = max_depth
         self.decay = decay
         self.hysteresis = hysteresis
-        # Beta(1.6, 0.4) prior (mean 0.8): optimism, so depths not tried yet look worth trying.
         # Plain Python floats throughout: this runs once per round, next to a ~1 ms GPU forward,
         # and numpy's per-call overhead made it ~50 us.
         self.acc = [1.6] * (max_depth + 1)
         self.rej = [0.4] * (max_depth + 1)
         self.verify_cost: list[deque[float]] = [deque(maxlen=4) for _ in range(max_depth + 2)]  # by nt
         self.draft_step: deque[float] = deque(maxlen=16)
+        self.round_cost: list[deque[float]] = [deque(maxlen=8) for _ in range(max_depth + 1)]  # by d
+        self.remainder: deque[float] = deque(maxlen=16)  # round wall time minus draft and verify
         self.cur = 0  # first round plain: measures C_T(1)
         self.start = min(start, max_depth)
         self.history: list[int] = []
@@ -114,21 +120,29 @@ class AdaptiveDepth:
         k, c = min(known, key=lambda kc: abs(kc[0] - nt))
         return c * (1.0 + 0.05 * max(nt - k, 0))  # optimistic growth for unseen batch sizes
 
+    def round_seconds(self, d: int) -> float | None:
+        """Expected wall seconds of a round at depth d: measured median, else from its parts."""
+        rc = self.round_cost[d]
+        if rc:
+            return sorted(rc)[len(rc) // 2]
+        cv = self.c_verify(d + 1)
+        cd = min(self.draft_step) if self.draft_step else None
+        if cv is None or (d > 0 and cd is None):
+            return None
+        rem = sorted(self.remainder)[len(self.remainder) // 2] if self.remainder else 0.0
+        return cv + d * (cd or 0.0) + rem
+
     def rates(self) -> list[float]:
         """Expected tokens per second of a round at each depth 0..max_depth (inf for ``start``
         before the costs it needs are measured, 0 for other unmeasurable depths)."""
-        cd = min(self.draft_step) if self.draft_step else None
         out = []
         exp_tokens, run = 1.0, 1.0  # 1 + sum_{i<=d} prod_{j<=i} p_j, built up over d
         for d in range(self.max_depth + 1):
             if d:
                 run *= self.acc[d] / (self.acc[d] + self.rej[d])
                 exp_tokens += run
-            cv = self.c_verify(d + 1)
-            if cv is None or (d > 0 and cd is None):
-                out.append(float("inf") if d == self.start else 0.0)
-            else:
-                out.append(exp_tokens / (cv + d * (cd or 0.0)))
+            c = self.round_seconds(d)
+            out.append(exp_tokens / c if c else (float("inf") if d == self.start else 0.0))
         return out
 
     def rate(self, d: int) -> float:
@@ -150,12 +164,16 @@ class AdaptiveDepth:
         self.history.append(d)
         return d
 
-    def update(self, d: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
-        """Record a finished round: depth d, accepted drafts, draft and verify seconds. Positions
-        1..min(n_accepted + 1, d) were observed (accepted, then the first rejection)."""
+    def update(self, d: int, n_accepted: int, draft_s: float, verify_s: float, round_s: float | None = None) -> None:
+        """Record a finished round: depth d, accepted drafts, draft and verify seconds and, when
+        known, its whole wall time start to start. Positions 1..min(n_accepted + 1, d) were
+        observed (accepted, then the first rejection)."""
         self.verify_cost[d + 1].append(verify_s)
         if d:
             self.draft_step.append(draft_s / d)
+        if round_s is not None:
+            self.round_cost[d].append(round_s)
+            self.remainder.append(max(round_s - draft_s - verify_s, 0.0))
         for i in range(1, min(n_accepted + 1, d) + 1):
             ok = i <= n_accepted
             self.acc[i] = self.acc[i] * self.decay + (1.0 if ok else 0.0)
@@ -221,18 +239,23 @@ class SpecDecoder:
         hist.append(tok)
         self.emitted += 1
         yield tok
+        last_round: tuple[int, int, float, float, float] | None = None  # for the adaptive model
         while True:
             p = len(hist) - 1  # position of the last committed token, not yet in the target cache
             if p >= n_ctx:
                 raise ContextFull(f"context full at n_ctx={n_ctx}")
+            ta = time.perf_counter()
+            if self.adaptive and last_round is not None:  # its wall time includes the consumer's work
+                ld, la, ldr, lve, lstart = last_round
+                self.adaptive.update(ld, la, ldr, lve, ta - lstart)
             d = self.adaptive.choose() if self.adaptive else self.draft_n
             d = max(0, min(d, n_ctx - 1 - p, D.n_ctx - 1 - p))
             if self.max_tokens is not None:  # a round yields <= d + 1 tokens; draft no more than needed
                 d = max(0, min(d, self.max_tokens - self.emitted - 1))
             if self.adaptive:
                 self.adaptive.cur = self.adaptive.history[-1] = d  # record what ran, not what was asked
-            ta = time.perf_counter()
             drafts: list[int] = []
+            td = time.perf_counter()
             if d > 0:
                 pending = hist[d_valid:]
                 y = int(D.prefill(pending, d_valid, logits=False)[0])
@@ -259,10 +282,9 @@ class SpecDecoder:
             self.draft_n_past = d_valid
             self.rounds += 1
             self.depths.append(d)
-            self.draft_s += tb - ta
+            self.draft_s += tb - td
             self.verify_s += tc - tb
-            if self.adaptive:
-                self.adaptive.update(d, a, tb - ta, tc - tb)
+            last_round = (d, a, tb - td, tc - tb, ta)
             for z in emitted:
                 hist.append(z)
                 self.emitted += 1
