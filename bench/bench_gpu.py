@@ -204,6 +204,9 @@ def main():
                     help="JSON file {category: [conditional acceptance p_1..p_7]} measured on the real pair: "
                          "prints the cost-model speedup per d with the 0.5b shape as the draft")
     args = ap.parse_args()
+    for e in args.ab_env:
+        if "=" not in e or not e.split("=", 1)[0] or not e.split("=", 1)[1]:
+            ap.error(f"--ab-env wants VAR=V1,V2,..., got {e!r}")
     curves = {}
     print("device:", _core.cuda_device_name())
     rows = []
@@ -246,7 +249,7 @@ def main():
             curves[name] = verify_curve(ctx)
         ctx.close()
         ab_specs = ([("MI_CUDA_MMVQ", ["0", "1", "2"])] if args.ab_mmvq else []) + \
-            [(e.split("=")[0], e.split("=")[1].split(",")) for e in args.ab_env]
+            [(e.split("=", 1)[0], e.split("=", 1)[1].split(",")) for e in args.ab_env]
         for var, vals in ab_specs:
             import os
             ab = {v: [] for v in vals}

@@ -104,10 +104,6 @@ class AdaptiveDepth:
         self.start = min(start, max_depth)
         self.history: list[int] = []
 
-    def p(self) -> np.ndarray:
-        """Smoothed conditional acceptance per draft position, [max_depth + 1] (index 0 unused)."""
-        return np.array([a / (a + r) for a, r in zip(self.acc, self.rej)])
-
     def c_verify(self, nt: int) -> float | None:
         """Seconds of one nt-row target forward: min of the last 4 measured, else extrapolated
         optimistically from the nearest measured nt (+5% per row); None before any measurement."""
@@ -144,10 +140,6 @@ class AdaptiveDepth:
             c = self.round_seconds(d)
             out.append(exp_tokens / c if c else (float("inf") if d == self.start else 0.0))
         return out
-
-    def rate(self, d: int) -> float:
-        """Expected tokens per second of a round at depth d (see rates)."""
-        return self.rates()[d]
 
     def choose(self) -> int:
         """Depth of the next round: d = 0 first (measures C_T(1)), then ``start``, then the best

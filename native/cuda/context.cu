@@ -2,7 +2,8 @@
 // the transformer forward as a chain of kernels, and one CUDA graph per batch size nt <= 8.
 // Data path per layer (as cpu/forward.c, rows independent):
 //   x -> rmsnorm+quant -> q,k,v (+bias, rope, f16 KV write) -> split attention (+ merge, quant)
-//     -> wo (+= x) -> rmsnorm+quant -> silu(gate)*up (+ quant, one launch) -> down (+= x)
+//     -> wo (+= x) -> rmsnorm+quant -> silu(gate)*up (one launch) -> quant -> down (+= x)
+// (nt >= 9: tensor-core GEMMs on the f32 inputs, the rope kernel, separate gate/up + swiglu.)
 // Kernels are chained with programmatic dependent launch (common.cuh): each starts while the one
 // before drains, and the mat-vecs prefetch their weights meanwhile.
 // Everything a forward reads that changes between calls (tokens, positions, out rows, n_out) lives

@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
 }
 
-// Warp-per-row kernel (the default for quantized weights): each warp owns one row, lane l takes
+// Warp-per-row kernel (MI_CUDA_MMVQ=1 or 2; the block kernel above is the default): each warp owns one row, lane l takes
 // chunks l, l + 32, l + 64, ... in order and accumulates them in f32, then a warp butterfly; no
 // shared memory or block barrier. U chunks per lane are loaded before any is used so that U
 // independent weight loads per lane are in flight; U only changes scheduling, never the order of
