@@ -54,6 +54,9 @@ struct mi_cuda_ctx {
     int fuse_quant;
     int no_mmq;            // MI_CUDA_MMQ=0: nt >= 9 loops the 8-row mat-vec instead (A/B, tests)
     int rope_fuse;         // RoPE + KV write in the q/k/v mat-vec epilogue (MI_CUDA_ROPE_FUSE=0: kernel)
+    // MI_CUDA_SKIP=attn,norm,...: op kinds (mi_skip_names) left out of every forward. Timing only
+    // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
+    unsigned skip;
     float *amax_v;         // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (value)
     int32_t *amax_i;       // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (index)
     int32_t *amax_cnt;     // [max_nt] argmax block counters (kept zero between launches)
@@ -88,6 +91,22 @@ enum { MI_P_EMBED, MI_P_NORM, MI_P_MM_Q, MI_P_MM_K, MI_P_MM_V, MI_P_ROPE, MI_P_A
 const char *const mi_prof_names[MI_P_N] = {"embed+rope table", "rmsnorm+quant", "mm qkv", "-", "-",
                                            "rope+kv write", "attention", "mm o (+res)", "mm gate/up+swiglu",
                                            "quant", "mm down (+res)", "final norm", "mm lm head", "argmax"};
+
+// MI_CUDA_SKIP names, one per op kind (index = MI_P_*).
+const char *const mi_skip_names[MI_P_N] = {"embed", "norm", "qkv", "-", "-", "rope", "attn", "o",
+                                           "ffn_in", "quant", "down", "head_norm", "head", "argmax"};
+
+unsigned mi_parse_skip(const char *ev) {
+    unsigned m = 0;
+    for (const char *p = ev; p && *p;) {
+        const char *e = strchr(p, ',');
+        const size_t n = e ? (size_t)(e - p) : strlen(p);
+        for (int k = 0; k < MI_P_N; k++)
+            if (strlen(mi_skip_names[k]) == n && strncmp(p, mi_skip_names[k], n) == 0) m |= 1u << k;
+        p = e ? e + 1 : nullptr;
+    }
+    return m;
+}
 
 void mi_prof_mark(mi_cuda_ctx *c, int kind) {
     if (c->n_ev < c->cap_ev) {
@@ -145,6 +164,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
     const bool prof = c->prof && !graph;
 #define MI_RUNK(kind, call)                     \
     do {                                        \
+        if (c->skip >> (kind) & 1u) break;      \
         MI_RUN(call);                           \
         if (prof) mi_prof_mark(c, kind);        \
     } while (0)
@@ -327,6 +347,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->fuse_quant = fe && strcmp(fe, "1") == 0;
     const char *me = getenv("MI_CUDA_MMQ");
     c->no_mmq = me && strcmp(me, "0") == 0;
+    c->skip = mi_parse_skip(getenv("MI_CUDA_SKIP"));
     const char *re = getenv("MI_CUDA_ROPE_FUSE");
     c->rope_fuse = !(re && strcmp(re, "0") == 0) && mi_cuda_mmvq_can_rope(d->n_embd);
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
