@@ -371,6 +371,47 @@ def test_fused_rope_bitwise_equals_rope_kernel(variant, monkeypatch):
     assert np.array_equal(out[0][2][0], out[1][2][0])
 
 
+# Query-head grouping and head sizes of the attention kernel (attention.cu): grouped blocks for
+# head_dim 64/128 with G = n_head / n_head_kv <= 8, one block per query head otherwise.
+ATTN_SHAPES = {
+    "g2_hd64": dict(n_head=4, n_head_kv=2, head_dim=64),
+    "g6_hd128": dict(n_head=12, n_head_kv=2, head_dim=128),
+    "g7_hd64": dict(n_head=14, n_head_kv=2, head_dim=64),
+    "per_head_hd96": dict(n_head=6, n_head_kv=2, head_dim=96),
+    "per_head_g16": dict(n_head=32, n_head_kv=2, head_dim=64),
+    "mha_hd256": dict(n_head=2, n_head_kv=2, head_dim=256),
+}
+
+
+def prefill_chunks(ctx, prompt, V, chunk=16):
+    for p0 in range(0, len(prompt), chunk):
+        run(ctx, prompt[p0:p0 + chunk], range(p0, min(p0 + chunk, len(prompt))), V, out_rows=[])
+
+
+@pytest.mark.parametrize("splits", ["64", "3"])  # 3: several tiles per split, a partial last tile
+@pytest.mark.parametrize("shape", list(ATTN_SHAPES))
+def test_attention_long_context(shape, splits, monkeypatch):
+    """300 cached positions: a 5-row verify batch equals five single-token forwards bitwise, and
+    matches the CPU (f32 weights, so only the f16 KV cache differs: NMSE ~1e-7)."""
+    monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
+    F = bg.F32
+    model = small_model(8, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
+                        **ATTN_SHAPES[shape])
+    V, P = SMALL["n_vocab"], 300
+    rng = np.random.default_rng(8)
+    prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
+    ctxs = [make_ctx(model, d, n_ctx=P + 8) for d in (1, 1, 0)]
+    for c in ctxs:
+        prefill_chunks(c, prompt, V)
+    lb, ab = run(ctxs[0], batch, range(P, P + 5), V)
+    singles = [run(ctxs[1], [t], [P + i], V) for i, t in enumerate(batch)]
+    assert np.array_equal(lb, np.concatenate([r[0] for r in singles]))
+    assert list(ab) == [int(r[1][0]) for r in singles]
+    lc, _ = run(ctxs[2], batch, range(P, P + 5), V)
+    assert np.std(lc) > 0.1
+    assert nmse(lb, lc) < 1e-5, nmse(lb, lc)
+
+
 def test_prefill_chunking_within_tolerance():
     """One 40-token prefill (GEMM), chunks 16+16+8 (GEMM, GEMM, mat-vec) and eight 5-token
     chunks (mat-vec): the last row's logits agree within the tolerance of the two paths."""

@@ -1,199 +1,284 @@
-// Decode attention, flash-decoding style: grid (head, row, split); each block runs an online
-// (exact, max-subtracted) softmax over its slots in f32, four warps interleaving slots; warps
-// and then splits are merged in a fixed order, so the result is deterministic. The last block of
-// a (head, row) to finish (a counter, as the CUDA threadFenceReduction sample) merges the splits
-// and quantizes the output: one launch per layer, and the merge reads the partials in split order
-// whichever block runs it.
+// Decode attention, flash-decoding style (Dao et al., "Flash-Decoding for long-context inference",
+// 2023): grid (head block, row, split). A block serves one row t, one KV split and, for grouped-
+// query attention, every query head that shares a KV head (G of them), so each K/V row is read
+// once per group instead of once per query head. Four warps take U consecutive slots each per step
+// (all their K/V loads in flight together) and run an exact, max-subtracted online softmax in f32
+// for each of the block's query heads; warps, then splits, are merged in a fixed order. Before the
+// PDL wait the block prefetches its K/V rows into L2 (older slots are constants by then). The last
+// block of a (row, head block) to finish (a counter, as the CUDA threadFenceReduction sample)
+// merges the splits and quantizes the output: one launch per layer.
+//
+// Identity contract: the split boundaries, the slots each warp takes and every reduction order
+// are functions of n_kv = pos[t] + 1 and of the model's shape alone, so a row's output never
+// depends on nt, on the other rows, or on graphs.
 #include <math.h>
+#include <type_traits>
 #include "attention.cuh"
 
 namespace {
 constexpr int MI_ATTN_THREADS = 128;
 constexpr int MI_ATTN_WARPS = MI_ATTN_THREADS / 32;
-constexpr int MI_ATTN_UNROLL = 4;
 
-__device__ __forceinline__ void mi_attn_split_size(int n_kv, int &S, int &n_used) {
-    S = (((n_kv + MI_ATTN_SPLITS - 1) / MI_ATTN_SPLITS) + 31) & ~31;
+// Slots per warp per step (a compile-time function of head_dim): K and V rows of U slots sit in
+// registers at once, 2 * U * DPL floats.
+template <int DPL> __host__ __device__ constexpr int mi_attn_unroll() { return DPL <= 2 ? 16 : DPL <= 4 ? 8 : 4; }
+
+// Slots [0, n_kv) are cut into tiles of `tile` slots (one step of the block) and the tiles into
+// at most max_splits splits of equal whole tiles: S slots per split, n_used splits.
+__device__ __forceinline__ void mi_attn_split_size(int n_kv, int tile, int max_splits, int &S, int &n_used) {
+    const int n_tiles = (n_kv + tile - 1) / tile;
+    S = tile * ((n_tiles + max_splits - 1) / max_splits);
     n_used = (n_kv + S - 1) / S;
 }
 
 // DPL contiguous halves of a K or V row into f32, in the widest aligned loads DPL allows (the row
-// offset lane * DPL halves is 2 * DPL-byte aligned): 16, 8 or 4 bytes at a time, else 2.
+// offset lane * DPL halves is 2 * DPL-byte aligned): 16, 8, 4 or 2 bytes at a time.
 template <int DPL> __device__ __forceinline__ void mi_ld_halves(const __half *p, float *f) {
-    if constexpr (DPL % 8 == 0) {
+    constexpr int W = DPL % 8 == 0 ? 8 : DPL % 4 == 0 ? 4 : DPL % 2 == 0 ? 2 : 1; // halves per load
+    using V = std::conditional_t<W == 8, uint4, std::conditional_t<W == 4, uint2, std::conditional_t<W == 2, uint32_t, uint16_t>>>;
 #pragma unroll
-        for (int i = 0; i < DPL; i += 8) {
-            const uint4 u = *(const uint4 *)(p + i);
-            const __half2 *h = (const __half2 *)&u;
+    for (int i = 0; i < DPL; i += W) {
+        const V u = *(const V *)(p + i);
+        const __half *h = (const __half *)&u;
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 v = __half22float2(h[k]);
-                f[i + 2 * k] = v.x;
-                f[i + 2 * k + 1] = v.y;
-            }
-        }
-    } else if constexpr (DPL % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < DPL; i += 4) {
-            const uint2 u = *(const uint2 *)(p + i);
-            const __half2 *h = (const __half2 *)&u;
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const float2 v = __half22float2(h[k]);
-                f[i + 2 * k] = v.x;
-                f[i + 2 * k + 1] = v.y;
-            }
-        }
-    } else if constexpr (DPL % 2 == 0) {
-#pragma unroll
-        for (int i = 0; i < DPL; i += 2) {
-            const float2 v = __half22float2(*(const __half2 *)(p + i));
-            f[i] = v.x;
-            f[i + 1] = v.y;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < DPL; i++) f[i] = __half2float(p[i]);
+        for (int k = 0; k < W; k++) f[i + k] = __half2float(h[k]);
     }
 }
 
 // DPL = head_dim / 32 dims per lane (contiguous, so one K row is one coalesced 2*hd-byte read).
-template <int DPL>
+// G > 1: block x serves KV head x and query heads x*G .. x*G + G-1 (G = n_head / n_head_kv).
+// G == 1: block x is query head x, reading KV head x / (n_head / n_head_kv) (any grouping).
+template <int DPL, int G>
 __global__ void __launch_bounds__(MI_ATTN_THREADS)
-    mi_attn_split_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
-                         const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale,
-                         float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                         mi_block_q8a *__restrict__ xq) {
-    constexpr int HD = DPL * 32;
-    mi_pdl_wait();
-    mi_pdl_trigger();
-    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    mi_attn_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
+                   const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
+                   float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
+                   mi_block_q8a *__restrict__ xq) {
+    constexpr int HD = DPL * 32, U = mi_attn_unroll<DPL>(), TILE = MI_ATTN_WARPS * U;
+    const int x = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int g = G > 1 ? x : x / (n_head / n_head_kv), h0 = G > 1 ? x * G : x;
+    const int kvd = n_head_kv * HD;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // pos was copied in before the forward's first kernel, which every kernel of the chain
+    // (transitively) started after: readable before the wait.
     const int n_kv = pos[t] + 1;
     int S, n_used;
-    mi_attn_split_size(n_kv, S, n_used);
-    if (s >= n_used) return;
+    mi_attn_split_size(n_kv, TILE, max_splits, S, n_used);
     const int k0 = s * S, k1 = min(n_kv, k0 + S);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int kvd = n_head_kv * HD, g = h / (n_head / n_head_kv);
-    float qr[DPL], acc[DPL];
-    const float *qh = q + (int64_t)t * n_head * HD + h * HD + lane * DPL;
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        qr[i] = qh[i];
-        acc[i] = 0.0f;
+    if (s < n_used) { // prefetch this split's K/V rows of head g (hints; slot pos[t] may still be in flight)
+        constexpr int LPR = (2 * HD + 127) / 128; // 128-byte lines per row
+        for (int i = threadIdx.x; i < (k1 - k0) * 2 * LPR; i += MI_ATTN_THREADS) {
+            const int j = k0 + i / (2 * LPR), l = i % (2 * LPR);
+            const __half *row = (l < LPR ? kc : vc) + (int64_t)j * kvd + g * HD;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)row + (l % LPR) * 128));
+        }
     }
-    float m = -INFINITY, l = 0.0f;
-    // MI_ATTN_UNROLL slots per step: their K/V loads are independent and in flight together; the
-    // softmax updates then run in slot order (so the result does not depend on the unrolling).
-    for (int j0 = k0 + warp * MI_ATTN_UNROLL; j0 < k1; j0 += MI_ATTN_WARPS * MI_ATTN_UNROLL) {
-        float kf[MI_ATTN_UNROLL][DPL], vf[MI_ATTN_UNROLL][DPL], sc[MI_ATTN_UNROLL];
+    mi_pdl_wait();
+    mi_pdl_trigger();
+    if (s >= n_used) return;
+    float qr[G][DPL], acc[G][DPL], m[G], l[G];
 #pragma unroll
-        for (int u = 0; u < MI_ATTN_UNROLL; u++) {
-            const int j = min(j0 + u, k1 - 1); // clamped: out-of-range slots are masked below
+    for (int gg = 0; gg < G; gg++) {
+        const float *qh = q + ((int64_t)t * n_head + h0 + gg) * HD + lane * DPL;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            qr[gg][i] = qh[i];
+            acc[gg][i] = 0.0f;
+        }
+        m[gg] = -INFINITY;
+        l[gg] = 0.0f;
+    }
+    // Warp w takes slots j0 .. j0 + U-1 with j0 = k0 + w*U, k0 + w*U + TILE, ...; the first is
+    // always < k1, so the step's max is finite; slots >= k1 score -inf (weight 0).
+    for (int j0 = k0 + warp * U; j0 < k1; j0 += TILE) {
+        float kf[U][DPL], vf[U][DPL];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = min(j0 + u, k1 - 1);
             mi_ld_halves<DPL>(kc + (int64_t)j * kvd + g * HD + lane * DPL, kf[u]);
             mi_ld_halves<DPL>(vc + (int64_t)j * kvd + g * HD + lane * DPL, vf[u]);
         }
 #pragma unroll
-        for (int u = 0; u < MI_ATTN_UNROLL; u++) {
-            float d = 0.0f;
+        for (int gg = 0; gg < G; gg++) {
+            float sc[U];
 #pragma unroll
-            for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[i], kf[u][i]));
-            sc[u] = d;
-        }
+            for (int u = 0; u < U; u++) {
+                float d = 0.0f;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
+                for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[gg][i], kf[u][i]));
+                sc[u] = d;
+            }
+            // xor butterfly: every lane ends with the same bits (each step adds the same two values).
 #pragma unroll
-            for (int u = 0; u < MI_ATTN_UNROLL; u++) sc[u] = __fadd_rn(sc[u], __shfl_xor_sync(MI_FULL_MASK, sc[u], o));
+            for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-        for (int u = 0; u < MI_ATTN_UNROLL; u++) {
-            if (j0 + u >= k1) break;
-            const float s_u = __fmul_rn(__shfl_sync(MI_FULL_MASK, sc[u], 0), scale); // lane 0's sum for all lanes
-            const float mn = fmaxf(m, s_u);
-            const float corr = expf(m - mn), p = expf(s_u - mn);
-            l = __fadd_rn(__fmul_rn(l, corr), p);
+                for (int u = 0; u < U; u++) sc[u] = __fadd_rn(sc[u], __shfl_xor_sync(MI_FULL_MASK, sc[u], o));
+            float mx = m[gg];
 #pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] = __fadd_rn(__fmul_rn(acc[i], corr), __fmul_rn(p, vf[u][i]));
-            m = mn;
+            for (int u = 0; u < U; u++) {
+                sc[u] = j0 + u < k1 ? __fmul_rn(sc[u], scale) : -INFINITY;
+                mx = fmaxf(mx, sc[u]);
+            }
+            const float corr = expf(m[gg] - mx); // 0 on the first step (m = -inf)
+            float ps = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                sc[u] = expf(sc[u] - mx);
+                ps = __fadd_rn(ps, sc[u]);
+            }
+            l[gg] = __fadd_rn(__fmul_rn(l[gg], corr), ps);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                float a = __fmul_rn(acc[gg][i], corr);
+#pragma unroll
+                for (int u = 0; u < U; u++) a = __fadd_rn(a, __fmul_rn(sc[u], vf[u][i]));
+                acc[gg][i] = a;
+            }
+            m[gg] = mx;
         }
     }
-    __shared__ float sm_m[MI_ATTN_WARPS], sm_l[MI_ATTN_WARPS];
-    __shared__ float sm_acc[MI_ATTN_WARPS][HD];
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
-    }
+    // Warps -> this split's partial [M, L, acc[HD]] per query head, warps summed in order.
+    __shared__ float sm_m[MI_ATTN_WARPS][G], sm_l[MI_ATTN_WARPS][G];
+    __shared__ float sm_acc[MI_ATTN_WARPS][G][HD];
 #pragma unroll
-    for (int i = 0; i < DPL; i++) sm_acc[warp][lane * DPL + i] = acc[i];
+    for (int gg = 0; gg < G; gg++) {
+        if (lane == 0) {
+            sm_m[warp][gg] = m[gg];
+            sm_l[warp][gg] = l[gg];
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; i++) sm_acc[warp][gg][lane * DPL + i] = acc[gg][i];
+    }
     __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < MI_ATTN_WARPS; w++) M = fmaxf(M, sm_m[w]);
-    float *out = part + (((int64_t)t * n_head + h) * MI_ATTN_SPLITS + s) * (HD + 2);
-    for (int dd = threadIdx.x; dd < HD; dd += MI_ATTN_THREADS) {
-        float a = 0.0f;
+    for (int idx = threadIdx.x; idx < G * HD; idx += MI_ATTN_THREADS) {
+        const int gg = idx / HD, dd = idx % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < MI_ATTN_WARPS; w++) M = fmaxf(M, sm_m[w][gg]);
+        float a = 0.0f, L = 0.0f;
+#pragma unroll
         for (int w = 0; w < MI_ATTN_WARPS; w++)
-            if (sm_m[w] != -INFINITY) a = __fadd_rn(a, __fmul_rn(sm_acc[w][dd], expf(sm_m[w] - M)));
+            if (sm_m[w][gg] != -INFINITY) { // a warp with no slot in this split adds nothing
+                const float e = expf(sm_m[w][gg] - M);
+                a = __fadd_rn(a, __fmul_rn(sm_acc[w][gg][dd], e));
+                L = __fadd_rn(L, __fmul_rn(sm_l[w][gg], e));
+            }
+        float *out = part + (((int64_t)t * n_head + h0 + gg) * MI_ATTN_SPLITS + s) * (HD + 2);
         out[2 + dd] = a;
-    }
-    if (threadIdx.x == 0) {
-        float L = 0.0f;
-        for (int w = 0; w < MI_ATTN_WARPS; w++)
-            if (sm_m[w] != -INFINITY) L = __fadd_rn(L, __fmul_rn(sm_l[w], expf(sm_m[w] - M)));
-        out[0] = M;
-        out[1] = L;
+        if (dd == 0) {
+            out[0] = M;
+            out[1] = L;
+        }
     }
     // Publish this split, count it; the last of the n_used splits merges (and re-arms the counter).
     __shared__ int last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        int32_t *c = cnt + (int64_t)t * n_head + h;
+        int32_t *c = cnt + (int64_t)t * n_head + x;
         last = atomicAdd(c, 1) == n_used - 1;
         if (last) *c = 0;
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
-    float PM = -INFINITY;
-    for (int i = 0; i < n_used; i++) PM = fmaxf(PM, __ldcg(p + i * (HD + 2)));
+    // One warp per query head; lane i holds splits i and i + 32 (n_used <= 64) for the max and the
+    // denominator; the output dims are 32c + lane (c < DPL), one q8a block per c.
     const int qd = n_head * HD;
-    for (int c = warp; c < HD / 32; c += MI_ATTN_WARPS) { // one warp per 32 dims: its q8a block
-        const int dd = 32 * c + lane;
-        float PL = 0.0f, A = 0.0f;
+    for (int gg = warp; gg < G; gg += MI_ATTN_WARPS) {
+        const int h = h0 + gg;
+        const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
+        const float m0 = lane < n_used ? __ldcg(p + lane * (HD + 2)) : -INFINITY;
+        const float m1 = lane + 32 < n_used ? __ldcg(p + (lane + 32) * (HD + 2)) : -INFINITY;
+        const float l0 = lane < n_used ? __ldcg(p + lane * (HD + 2) + 1) : 0.0f;
+        const float l1 = lane + 32 < n_used ? __ldcg(p + (lane + 32) * (HD + 2) + 1) : 0.0f;
+        const float PM = mi_warp_max(fmaxf(m0, m1));
+        const float e0 = lane < n_used ? expf(m0 - PM) : 0.0f, e1 = lane + 32 < n_used ? expf(m1 - PM) : 0.0f;
+        const float PL = mi_warp_sum(__fadd_rn(__fmul_rn(l0, e0), __fmul_rn(l1, e1)));
+        float A[DPL];
+#pragma unroll
+        for (int c = 0; c < DPL; c++) A[c] = 0.0f;
+#pragma unroll 8
         for (int i = 0; i < n_used; i++) {
-            const float e = expf(__ldcg(p + i * (HD + 2)) - PM);
-            PL = __fadd_rn(PL, __fmul_rn(__ldcg(p + i * (HD + 2) + 1), e));
-            A = __fadd_rn(A, __fmul_rn(__ldcg(p + i * (HD + 2) + 2 + dd), e));
+            const float e = __shfl_sync(MI_FULL_MASK, i < 32 ? e0 : e1, i & 31);
+#pragma unroll
+            for (int c = 0; c < DPL; c++) A[c] = __fadd_rn(A[c], __fmul_rn(__ldcg(p + i * (HD + 2) + 2 + 32 * c + lane), e));
         }
-        const float o = __fmul_rn(A, __frcp_rn(PL));
-        att[(int64_t)t * qd + h * HD + dd] = o;
-        mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + h * (HD / 32) + c, lane);
+        const float r = __frcp_rn(PL);
+#pragma unroll
+        for (int c = 0; c < DPL; c++) {
+            const float o = __fmul_rn(A[c], r);
+            att[(int64_t)t * qd + h * HD + 32 * c + lane] = o;
+            mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + h * (HD / 32) + c, lane);
+        }
     }
 }
 
-template <int DPL>
-cudaError_t mi_attn_launch(const float *q, const __half *kc, const __half *vc, const int32_t *pos, int nt, int n_head,
-                           int n_head_kv, float scale, float *part, int32_t *cnt, float *att, mi_block_q8a *xq,
-                           cudaStream_t s) {
-    return mi_launch(mi_attn_split_kernel<DPL>, dim3(n_head, nt, MI_ATTN_SPLITS), MI_ATTN_THREADS, s, q, kc, vc, pos,
-                     n_head, n_head_kv, scale, part, cnt, att, xq);
+// Most splits per row and head block: MI_CUDA_ATTN_SPLITS (1..MI_ATTN_SPLITS, A/B timing), read at
+// each launch so a captured graph keeps what was set at capture.
+int mi_attn_max_splits() {
+    const char *e = getenv("MI_CUDA_ATTN_SPLITS");
+    const int v = e ? atoi(e) : MI_ATTN_SPLITS;
+    return v < 1 ? 1 : v > MI_ATTN_SPLITS ? MI_ATTN_SPLITS : v;
+}
+
+struct mi_attn_args {
+    const float *q;
+    const __half *kc, *vc;
+    const int32_t *pos;
+    int nt, n_head, n_head_kv;
+    float scale;
+    float *part;
+    int32_t *cnt;
+    float *att;
+    mi_block_q8a *xq;
+};
+
+template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cudaStream_t s) {
+    const int max_splits = mi_attn_max_splits();
+    const dim3 grid(G > 1 ? a.n_head_kv : a.n_head, a.nt, max_splits);
+    return mi_launch(mi_attn_kernel<DPL, G>, grid, MI_ATTN_THREADS, s, a.q, a.kc, a.vc, a.pos, a.n_head, a.n_head_kv,
+                     a.scale, max_splits, a.part, a.cnt, a.att, a.xq);
+}
+
+// Grouped blocks for the head sizes of current models (64, 128) and groups up to 8; one block per
+// query head otherwise (fewer template instances to compile).
+template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStream_t s) {
+    if constexpr (DPL == 2 || DPL == 4) {
+        switch (a.n_head % a.n_head_kv ? 1 : a.n_head / a.n_head_kv) {
+        case 2: return mi_attn_launch<DPL, 2>(a, s);
+        case 3: return mi_attn_launch<DPL, 3>(a, s);
+        case 4: return mi_attn_launch<DPL, 4>(a, s);
+        case 5: return mi_attn_launch<DPL, 5>(a, s);
+        case 6: return mi_attn_launch<DPL, 6>(a, s);
+        case 7: return mi_attn_launch<DPL, 7>(a, s);
+        case 8: return mi_attn_launch<DPL, 8>(a, s);
+        default: break;
+        }
+    }
+    return mi_attn_launch<DPL, 1>(a, s);
 }
 } // namespace
 
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, float *part, int32_t *cnt, float *att,
                       mi_block_q8a *xq, cudaStream_t s) {
+    if (n_head_kv < 1 || n_head % n_head_kv)
+        return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
+    if (hd % 32 || hd < 32 || hd > 256)
+        return mi_set_error(MI_ERR_ARG, "CUDA attention: head_dim %d not a multiple of 32 up to 256", hd);
+    const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq};
     cudaError_t e = cudaSuccess;
     switch (hd / 32) {
-    case 1: e = mi_attn_launch<1>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
-    case 2: e = mi_attn_launch<2>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
-    case 3: e = mi_attn_launch<3>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
-    case 4: e = mi_attn_launch<4>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
-    case 5: e = mi_attn_launch<5>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
-    case 6: e = mi_attn_launch<6>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
-    case 7: e = mi_attn_launch<7>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
-    case 8: e = mi_attn_launch<8>(q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq, s); break;
-    default: return mi_set_error(MI_ERR_ARG, "CUDA attention: head_dim %d not a multiple of 32 up to 256", hd);
+    case 1: e = mi_attn_launch_g<1>(a, s); break;
+    case 2: e = mi_attn_launch_g<2>(a, s); break;
+    case 3: e = mi_attn_launch_g<3>(a, s); break;
+    case 4: e = mi_attn_launch_g<4>(a, s); break;
+    case 5: e = mi_attn_launch_g<5>(a, s); break;
+    case 6: e = mi_attn_launch_g<6>(a, s); break;
+    case 7: e = mi_attn_launch_g<7>(a, s); break;
+    case 8: e = mi_attn_launch_g<8>(a, s); break;
+    default: break;
     }
     if (e != cudaSuccess) return mi_set_error(MI_ERR_CUDA, "launch attention: %s", cudaGetErrorString(e));
     return MI_OK;

@@ -1,11 +1,13 @@
 // Attention over the f16 KV cache: split-KV partial softmax; the last split of each (row, head)
-// merges them and quantizes the output to q8a (the input of attn_output). One launch.
+// merges them and quantizes the output to q8a (the input of attn_output). One launch; grouped-query
+// heads sharing a KV head run in one block, so K/V are read once per group.
 #ifndef MI_CUDA_ATTENTION_CUH
 #define MI_CUDA_ATTENTION_CUH
 #include "common.cuh"
 
-// Most KV splits per (row, head): slots 0..pos[t] are cut into <= MI_ATTN_SPLITS pieces of a
-// multiple of 32 slots, a function of pos[t] alone (so rows never depend on nt or on graphs).
+// Most KV splits per (row, head): slots 0..pos[t] are cut into <= MI_ATTN_SPLITS pieces of whole
+// tiles (4 warps x 4..16 slots by head_dim), a function of pos[t] alone (so rows never depend on nt
+// or on graphs). Fewer with MI_CUDA_ATTN_SPLITS (attention.cu).
 #define MI_ATTN_SPLITS 64
 
 // Floats of the partial-result scratch for max_nt rows: [max_nt][n_head][MI_ATTN_SPLITS][hd + 2].
