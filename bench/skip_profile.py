@@ -35,14 +35,19 @@ def main() -> None:
     ap.add_argument("--depths", default="300,4096")
     ap.add_argument("--kinds", default=KINDS)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--variant", action="append", default=[], metavar="'VAR=V VAR2=V2'",
+                    help="environment settings measured as a separate table each (repeatable; default: none)")
     args = ap.parse_args()
+    variants = args.variant or [""]
     depths = [int(d) for d in args.depths.split(",")]
     kinds = args.kinds.split(",")
     for name in args.models.split(","):
         cfg, tensors, keep, _ = synthetic_model(np.random.default_rng(0), types=types_for(name), **SHAPES[name])
         res: dict[tuple[str, int, int], list[float]] = {}
         for _ in range(2):
-            for k in kinds:
+            for var, k in [(v, k) for v in variants for k in kinds]:
+                env = dict(kv.split("=", 1) for kv in var.split())
+                os.environ.update(env)
                 os.environ["MI_CUDA_SKIP"] = "" if k == "none" else k
                 ctx = _core.Context(cfg, tensors, max(depths) + 64, 64, 0, 1, keep)
                 done = 0
@@ -53,19 +58,23 @@ def main() -> None:
                         ctx.forward(np.full(n, 7, dtype=np.int32), np.arange(p0, p0 + n, dtype=np.int32), rows)
                     done = d
                     for nt in (1, 8):
-                        res.setdefault((k, d, nt), []).append(replay_at(ctx, d, nt, args.reps))
+                        res.setdefault((var, k, d, nt), []).append(replay_at(ctx, d, nt, args.reps))
                 ctx.close()
+                for key in env:
+                    del os.environ[key]
         os.environ.pop("MI_CUDA_SKIP", None)
-        print(f"\n{name}: GPU ms per graph replay; 'cost' = full - without the kind")
-        print(f"{'kind':10} " + " ".join(f"{'@' + str(d) + ' nt=' + str(nt):>14} {'cost':>7}" for d in depths for nt in (1, 8)))
-        for k in kinds:
-            cells = []
-            for d in depths:
-                for nt in (1, 8):
-                    full = statistics.median(res[("none", d, nt)])
-                    v = statistics.median(res[(k, d, nt)])
-                    cells.append(f"{v:14.4f} {full - v:7.4f}")
-            print(f"{k:10} " + " ".join(cells), flush=True)
+        for var in variants:
+            print(f"\n{name} {var or '(default)'}: GPU ms per graph replay; 'cost' = full - without the kind")
+            print(f"{'kind':10} " + " ".join(f"{'@' + str(d) + ' nt=' + str(nt):>14} {'cost':>7}"
+                                             for d in depths for nt in (1, 8)))
+            for k in kinds:
+                cells = []
+                for d in depths:
+                    for nt in (1, 8):
+                        full = statistics.median(res[(var, "none", d, nt)])
+                        v = statistics.median(res[(var, k, d, nt)])
+                        cells.append(f"{v:14.4f} {full - v:7.4f}")
+                print(f"{k:10} " + " ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

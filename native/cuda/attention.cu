@@ -45,6 +45,57 @@ template <int DPL> __device__ __forceinline__ void mi_ld_halves(const __half *p,
     }
 }
 
+// Score reduction of U = 2^k slots over a warp with U - 1 + 5 - k shuffles instead of 5U (a
+// transposed butterfly): at the level of distance o (16, 8, ...) each lane keeps half of its slots
+// (the upper half where lane & o) and adds its partner's partial of them; after k levels lane l
+// holds one slot, mi_attn_slot<U>(l), and a plain butterfly over the remaining distances finishes
+// it (every lane holding a slot gets the same bits: each step adds the same two values). The tree
+// is fixed, so the sums are deterministic.
+template <int U> __device__ __forceinline__ int mi_attn_slot(int lane) {
+    int u = 0;
+#pragma unroll
+    for (int o = 16, n = U; n > 1; o >>= 1, n >>= 1)
+        if (lane & o) u += n / 2;
+    return u;
+}
+template <int U> __device__ __forceinline__ int mi_attn_lane(int u) { // the first lane holding slot u
+    int l = 0;
+#pragma unroll
+    for (int o = 16, n = U; n > 1; o >>= 1, n >>= 1)
+        if (u >= n / 2) {
+            l |= o;
+            u -= n / 2;
+        }
+    return l;
+}
+template <int U> __device__ __forceinline__ float mi_attn_reduce(float *v, int lane) {
+    int o = 16;
+#pragma unroll
+    for (int n = U; n > 1; n >>= 1, o >>= 1) {
+        const bool up = lane & o;
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+            const float keep = up ? v[i + n / 2] : v[i], send = up ? v[i] : v[i + n / 2];
+            v[i] = __fadd_rn(keep, __shfl_xor_sync(MI_FULL_MASK, send, o));
+        }
+    }
+    float r = v[0];
+#pragma unroll
+    for (; o > 0; o >>= 1) r = __fadd_rn(r, __shfl_xor_sync(MI_FULL_MASK, r, o));
+    return r;
+}
+// Max / sum over the U slots (lanes differing in the slot bits 16, 8, ..): same value in every lane.
+template <int U> __device__ __forceinline__ float mi_attn_slots_max(float v) {
+#pragma unroll
+    for (int o = 16, n = U; n > 1; o >>= 1, n >>= 1) v = fmaxf(v, __shfl_xor_sync(MI_FULL_MASK, v, o));
+    return v;
+}
+template <int U> __device__ __forceinline__ float mi_attn_slots_sum(float v) {
+#pragma unroll
+    for (int o = 16, n = U; n > 1; o >>= 1, n >>= 1) v = __fadd_rn(v, __shfl_xor_sync(MI_FULL_MASK, v, o));
+    return v;
+}
+
 // DPL = head_dim / 32 dims per lane (contiguous, so one K row is one coalesced 2*hd-byte read).
 // G > 1: block x serves KV head x and query heads x*G .. x*G + G-1 (G = n_head / n_head_kv).
 // G == 1: block x is query head x, reading KV head x / (n_head / n_head_kv) (any grouping).
@@ -90,6 +141,8 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
     }
     // Warp w takes slots j0 .. j0 + U-1 with j0 = k0 + w*U, k0 + w*U + TILE, ...; the first is
     // always < k1, so the step's max is finite; slots >= k1 score -inf (weight 0).
+    // Lane l ends the score reduction holding slot mi_attn_slot<U>(l) (mi_attn_reduce).
+    const int my_u = mi_attn_slot<U>(lane);
     for (int j0 = k0 + warp * U; j0 < k1; j0 += TILE) {
         float kf[U][DPL], vf[U][DPL];
 #pragma unroll
@@ -108,37 +161,27 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
                 for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[gg][i], kf[u][i]));
                 sc[u] = d;
             }
-            // xor butterfly: every lane ends with the same bits (each step adds the same two values).
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int u = 0; u < U; u++) sc[u] = __fadd_rn(sc[u], __shfl_xor_sync(MI_FULL_MASK, sc[u], o));
-            float mx = m[gg];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                sc[u] = j0 + u < k1 ? __fmul_rn(sc[u], scale) : -INFINITY;
-                mx = fmaxf(mx, sc[u]);
-            }
+            const float sv = j0 + my_u < k1 ? __fmul_rn(mi_attn_reduce<U>(sc, lane), scale) : -INFINITY;
+            const float mx = fmaxf(m[gg], mi_attn_slots_max<U>(sv));
             const float corr = expf(m[gg] - mx); // 0 on the first step (m = -inf)
-            float ps = 0.0f;
+            const float p = expf(sv - mx);       // 0 for masked slots
+            l[gg] = __fadd_rn(__fmul_rn(l[gg], corr), mi_attn_slots_sum<U>(p));
+            float pu[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                sc[u] = expf(sc[u] - mx);
-                ps = __fadd_rn(ps, sc[u]);
-            }
-            l[gg] = __fadd_rn(__fmul_rn(l[gg], corr), ps);
+            for (int u = 0; u < U; u++) pu[u] = __shfl_sync(MI_FULL_MASK, p, mi_attn_lane<U>(u));
 #pragma unroll
             for (int i = 0; i < DPL; i++) {
                 float a = __fmul_rn(acc[gg][i], corr);
 #pragma unroll
-                for (int u = 0; u < U; u++) a = __fadd_rn(a, __fmul_rn(sc[u], vf[u][i]));
+                for (int u = 0; u < U; u++) a = __fadd_rn(a, __fmul_rn(pu[u], vf[u][i]));
                 acc[gg][i] = a;
             }
             m[gg] = mx;
         }
     }
-    // Warps -> this split's partial [M, L, acc[HD]] per query head, warps summed in order.
-    __shared__ float sm_m[MI_ATTN_WARPS][G], sm_l[MI_ATTN_WARPS][G];
+    // Warps -> this split's partial [M, L, acc[HD]] per query head: warp weights e = exp(m_w - M)
+    // once per (warp, head), then the warps summed in order.
+    __shared__ float sm_m[MI_ATTN_WARPS][G], sm_l[MI_ATTN_WARPS][G], sm_e[MI_ATTN_WARPS][G], sm_M[G];
     __shared__ float sm_acc[MI_ATTN_WARPS][G][HD];
 #pragma unroll
     for (int gg = 0; gg < G; gg++) {
@@ -150,23 +193,27 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
         for (int i = 0; i < DPL; i++) sm_acc[warp][gg][lane * DPL + i] = acc[gg][i];
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * HD; idx += MI_ATTN_THREADS) {
-        const int gg = idx / HD, dd = idx % HD;
+    if (threadIdx.x < MI_ATTN_WARPS * G) {
+        const int gg = threadIdx.x / MI_ATTN_WARPS, w = threadIdx.x % MI_ATTN_WARPS;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < MI_ATTN_WARPS; w++) M = fmaxf(M, sm_m[w][gg]);
-        float a = 0.0f, L = 0.0f;
+        for (int v = 0; v < MI_ATTN_WARPS; v++) M = fmaxf(M, sm_m[v][gg]);
+        sm_e[w][gg] = sm_m[w][gg] == -INFINITY ? 0.0f : expf(sm_m[w][gg] - M); // a warp with no slot adds 0
+        if (w == 0) sm_M[gg] = M;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * HD; idx += MI_ATTN_THREADS) {
+        const int gg = idx / HD, dd = idx % HD;
+        float a = 0.0f;
 #pragma unroll
-        for (int w = 0; w < MI_ATTN_WARPS; w++)
-            if (sm_m[w][gg] != -INFINITY) { // a warp with no slot in this split adds nothing
-                const float e = expf(sm_m[w][gg] - M);
-                a = __fadd_rn(a, __fmul_rn(sm_acc[w][gg][dd], e));
-                L = __fadd_rn(L, __fmul_rn(sm_l[w][gg], e));
-            }
+        for (int w = 0; w < MI_ATTN_WARPS; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][gg][dd], sm_e[w][gg]));
         float *out = part + (((int64_t)t * n_head + h0 + gg) * MI_ATTN_SPLITS + s) * (HD + 2);
         out[2 + dd] = a;
         if (dd == 0) {
-            out[0] = M;
+            float L = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MI_ATTN_WARPS; w++) L = __fadd_rn(L, __fmul_rn(sm_l[w][gg], sm_e[w][gg]));
+            out[0] = sm_M[gg];
             out[1] = L;
         }
     }
@@ -243,9 +290,11 @@ template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cuda
 
 // Grouped blocks for the head sizes of current models (64, 128) and groups up to 8; one block per
 // query head otherwise (fewer template instances to compile).
+// MI_CUDA_ATTN_GROUP=0: one block per query head always (A/B timing).
 template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStream_t s) {
+    const char *ge = getenv("MI_CUDA_ATTN_GROUP");
     if constexpr (DPL == 2 || DPL == 4) {
-        switch (a.n_head % a.n_head_kv ? 1 : a.n_head / a.n_head_kv) {
+        switch (ge && ge[0] == '0' ? 1 : a.n_head / a.n_head_kv) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
         case 3: return mi_attn_launch<DPL, 3>(a, s);
         case 4: return mi_attn_launch<DPL, 4>(a, s);
