@@ -15,7 +15,7 @@ CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90 python3 -m pip install -q --no-build-is
   || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python3 -m pytest -q tests/test_cuda.py 2>&1 | tee "$OUT/pytest.log" | tail -25
+  timeout "${TEST_TIMEOUT:-900}" python3 -m pytest -x -q tests/test_cuda.py 2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 bench/bench_gpu.py "$@" 2>&1 | tee "$OUT/bench.log"

@@ -161,7 +161,8 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
                 for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[gg][i], kf[u][i]));
                 sc[u] = d;
             }
-            const float sv = j0 + my_u < k1 ? __fmul_rn(mi_attn_reduce<U>(sc, lane), scale) : -INFINITY;
+            const float dot = mi_attn_reduce<U>(sc, lane); // every lane: the shuffles need the full warp
+            const float sv = j0 + my_u < k1 ? __fmul_rn(dot, scale) : -INFINITY;
             const float mx = fmaxf(m[gg], mi_attn_slots_max<U>(sv));
             const float corr = expf(m[gg] - mx); // 0 on the first step (m = -inf)
             const float p = expf(sv - mx);       // 0 for masked slots
