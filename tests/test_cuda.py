@@ -412,6 +412,25 @@ def test_attention_long_context(shape, splits, monkeypatch):
     assert nmse(lb, lc) < 1e-5, nmse(lb, lc)
 
 
+@pytest.mark.parametrize("shape", ["g6_hd128", "g7_hd64"])
+def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
+    """MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group) is a speed choice only."""
+    F = bg.F32
+    model = small_model(9, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
+                        **ATTN_SHAPES[shape])
+    V, P = SMALL["n_vocab"], 150
+    rng = np.random.default_rng(9)
+    prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
+    out = []
+    for group in ("0", "1"):
+        monkeypatch.setenv("MI_CUDA_ATTN_GROUP", group)
+        ctx = make_ctx(model, 1, n_ctx=P + 8)
+        prefill_chunks(ctx, prompt, V)
+        out.append(run(ctx, batch, range(P, P + 5), V))
+    assert np.std(out[0][0]) > 0.1
+    assert np.array_equal(out[0][0], out[1][0])
+
+
 def test_prefill_chunking_within_tolerance():
     """One 40-token prefill (GEMM), chunks 16+16+8 (GEMM, GEMM, mat-vec) and eight 5-token
     chunks (mat-vec): the last row's logits agree within the tolerance of the two paths."""

@@ -1,7 +1,7 @@
 // Decode attention, flash-decoding style (Dao et al., "Flash-Decoding for long-context inference",
-// 2023): grid (head block, row, split). A block serves one row t, one KV split and, for grouped-
-// query attention, every query head that shares a KV head (G of them), so each K/V row is read
-// once per group instead of once per query head. Four warps take U consecutive slots each per step
+// 2023): grid (head block, row, split). A block serves one row t, one KV split and one query head
+// (or, MI_CUDA_ATTN_GROUP=1, every query head sharing a KV head: G of them, K/V read once per
+// group). Four warps take U consecutive slots each per step
 // (all their K/V loads in flight together) and run an exact, max-subtracted online softmax in f32
 // for each of the block's query heads; warps, then splits, are merged in a fixed order. Before the
 // PDL wait the block prefetches its K/V rows into L2 (older slots are constants by then). The last
@@ -289,13 +289,17 @@ template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cuda
                      a.scale, max_splits, a.part, a.cnt, a.att, a.xq);
 }
 
-// Grouped blocks for the head sizes of current models (64, 128) and groups up to 8; one block per
-// query head otherwise (fewer template instances to compile).
-// MI_CUDA_ATTN_GROUP=0: one block per query head always (A/B timing).
+// Grouped blocks exist for the head sizes of current models (64, 128) and groups up to 8 (fewer
+// template instances to compile).
+// One block per query head by default; MI_CUDA_ATTN_GROUP=1: one block per KV head's group. Both
+// compute every head with the same operations in the same order (bitwise equal, tested), so this
+// is a speed choice only. On the H200 per-head blocks won at nt = 1 (1.5B shape: attention 0.14 vs
+// 0.29 ms a token at depth 300, 0.35 vs 0.56 at 4096; bench/skip_profile.py): a grouped warp
+// runs its G heads one after another, which costs more than re-reading K/V from L2.
 template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStream_t s) {
     const char *ge = getenv("MI_CUDA_ATTN_GROUP");
     if constexpr (DPL == 2 || DPL == 4) {
-        switch (ge && ge[0] == '0' ? 1 : a.n_head / a.n_head_kv) {
+        switch (ge && ge[0] == '1' ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
         case 3: return mi_attn_launch<DPL, 3>(a, s);
         case 4: return mi_attn_launch<DPL, 4>(a, s);

@@ -1,6 +1,5 @@
 // Attention over the f16 KV cache: split-KV partial softmax; the last split of each (row, head)
-// merges them and quantizes the output to q8a (the input of attn_output). One launch; grouped-query
-// heads sharing a KV head run in one block, so K/V are read once per group.
+// merges them and quantizes the output to q8a (the input of attn_output). One launch.
 #ifndef MI_CUDA_ATTENTION_CUH
 #define MI_CUDA_ATTENTION_CUH
 #include "common.cuh"
