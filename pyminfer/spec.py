@@ -101,43 +101,60 @@ class AdaptiveDepth:
         self.round_cost: list[deque[float]] = [deque(maxlen=8) for _ in range(max_depth + 1)]  # by d
         self.remainder: deque[float] = deque(maxlen=16)  # round wall time minus draft and verify
         self.cur = 0  # first round plain: measures C_T(1)
+        self.hold = 0  # rounds left to stay at d = 0 without re-evaluating
         self.start = min(start, max_depth)
         self.history: list[int] = []
 
-    def c_verify(self, nt: int) -> float | None:
-        """Seconds of one nt-row target forward: min of the last 4 measured, else extrapolated
-        optimistically from the nearest measured nt (+5% per row); None before any measurement."""
-        w = self.verify_cost[nt]
-        if w:
-            return min(w)
-        known = [(k, min(v)) for k, v in enumerate(self.verify_cost) if v]
-        if not known:
-            return None
-        k, c = min(known, key=lambda kc: abs(kc[0] - nt))
-        return c * (1.0 + 0.05 * max(nt - k, 0))  # optimistic growth for unseen batch sizes
+    def verify_table(self) -> list[float | None]:
+        """Seconds of one nt-row target forward for nt = 0..max_depth + 1 (index 0 unused): the
+        min of the last 4 measured, never above what a wider batch was measured at (a forward
+        does not get cheaper with more rows, so one slow sample cannot price a batch size out);
+        an unseen nt also extrapolated optimistically from the nearest measured one below (+5%
+        per row). None where nothing measured applies."""
+        n = len(self.verify_cost)
+        own = [min(w) if w else None for w in self.verify_cost]
+        out: list[float | None] = [None] * n
+        wider = None
+        for nt in range(n - 1, 0, -1):  # suffix minimum over measured widths
+            if own[nt] is not None:
+                wider = own[nt] if wider is None else min(wider, own[nt])
+            out[nt] = wider
+        below = None  # (nt, seconds) of the nearest measured width below
+        for nt in range(1, n):
+            if own[nt] is None and below is not None:
+                ext = below[1] * (1.0 + 0.05 * (nt - below[0]))
+                out[nt] = ext if out[nt] is None else min(out[nt], ext)
+            if own[nt] is not None:
+                below = (nt, own[nt])
+        return out
 
-    def round_seconds(self, d: int) -> float | None:
-        """Expected wall seconds of a round at depth d: measured median, else from its parts."""
+    def round_seconds(self, d: int, cv: list[float | None] | None = None) -> float | None:
+        """Expected wall seconds of a round at depth d: the median of its measured rounds once
+        there are 3; before that the lower of that and the estimate from its parts (verify_table,
+        d draft steps, the median remainder), so a depth tried once in a slow moment (the first
+        round, say) is tried again. ``cv``: verify_table(), when the caller has it."""
         rc = self.round_cost[d]
-        if rc:
+        if len(rc) >= 3:
             return sorted(rc)[len(rc) // 2]
-        cv = self.c_verify(d + 1)
+        cands = [sorted(rc)[len(rc) // 2]] if rc else []
+        c = (cv if cv is not None else self.verify_table())[d + 1]
         cd = min(self.draft_step) if self.draft_step else None
-        if cv is None or (d > 0 and cd is None):
-            return None
-        rem = sorted(self.remainder)[len(self.remainder) // 2] if self.remainder else 0.0
-        return cv + d * (cd or 0.0) + rem
+        if c is not None and (d == 0 or cd is not None):
+            rem = sorted(self.remainder)[len(self.remainder) // 2] if self.remainder else 0.0
+            cands.append(c + d * (cd or 0.0) + rem)
+        return min(cands) if cands else None
 
     def rates(self) -> list[float]:
         """Expected tokens per second of a round at each depth 0..max_depth (inf for ``start``
         before the costs it needs are measured, 0 for other unmeasurable depths)."""
         out = []
+        cv = self.verify_table()
         exp_tokens, run = 1.0, 1.0  # 1 + sum_{i<=d} prod_{j<=i} p_j, built up over d
         for d in range(self.max_depth + 1):
             if d:
                 run *= self.acc[d] / (self.acc[d] + self.rej[d])
                 exp_tokens += run
-            c = self.round_seconds(d)
+            c = self.round_seconds(d, cv)
             out.append(exp_tokens / c if c else (float("inf") if d == self.start else 0.0))
         return out
 
@@ -148,10 +165,16 @@ class AdaptiveDepth:
             d = 0
         elif len(self.history) == 1:
             d = self.start
+        elif self.cur == 0 and self.hold > 0:
+            # At d = 0 no acceptance is observed, only costs move: re-evaluate every 8th round
+            # (a round of plain decoding is ~1 ms; the evaluation ~10 us of Python).
+            self.hold -= 1
+            d = 0
         else:
             rates = self.rates()
             best = max(range(len(rates)), key=rates.__getitem__)  # first of equal maxima
             d = best if rates[best] > rates[self.cur] * (1.0 + self.hysteresis) else self.cur
+            self.hold = 7 if d == 0 else 0
         self.cur = d
         self.history.append(d)
         return d
@@ -260,7 +283,8 @@ class SpecDecoder:
             rows = T.forward([hist[-1]] + drafts, p, list(range(d + 1)), logits=need)
             tc = time.perf_counter()
             emitted: list[int] = []
-            self.drafted_at[1:d + 1] += 1
+            if d:
+                self.drafted_at[1:d + 1] += 1
             for i in range(d + 1):
                 # the penalty window (last repeat_last_n tokens) is all a row's choice can look at
                 z = self._choose(rows[i], hist[-self.window:] + emitted if need else hist)

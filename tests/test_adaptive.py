@@ -23,8 +23,10 @@ C_D = 0.77e-3
 REM_ROUND, REM_TOKEN = 0.16e-3, 0.03e-3
 
 
-def simulate(p: float, depth: int | None, n_tokens: int = 3000, seed: int = 0) -> tuple[float, list[int]]:
-    """Tokens per second of a run at fixed ``depth`` (None: adaptive), and the depths used."""
+def simulate(p: float, depth: int | None, n_tokens: int = 3000, seed: int = 0,
+             slow_first: float = 1.0) -> tuple[float, list[int]]:
+    """Tokens per second of a run at fixed ``depth`` (None: adaptive), and the depths used.
+    ``slow_first``: the first round's costs are that many times their usual (a cold start)."""
     rng = random.Random(seed)
     ctl = AdaptiveDepth() if depth is None else None
     t = 0.0
@@ -39,7 +41,7 @@ def simulate(p: float, depth: int | None, n_tokens: int = 3000, seed: int = 0) -
         a = 0
         while a < d and rng.random() < p:
             a += 1
-        jitter = 1.0 + 0.03 * (2 * rng.random() - 1)
+        jitter = (1.0 + 0.03 * (2 * rng.random() - 1)) * (slow_first if not used[:-1] else 1.0)
         draft_s = d * C_D * jitter
         verify_s = C_T1 * CURVE[d] * jitter
         round_s = draft_s + verify_s + REM_ROUND + (a + 1) * REM_TOKEN
@@ -69,3 +71,14 @@ def test_first_rounds_measure_plain_then_start():
     assert ctl.choose() == 0
     ctl.update(0, 0, 0.0, 1e-3, 1.1e-3)
     assert ctl.choose() == 3
+
+
+@pytest.mark.parametrize("p", [0.3, 0.95])
+def test_slow_first_round_does_not_lock_out_a_depth(p):
+    """The first round (d = 0) taking 20x its cost must not price plain decoding out for good
+    (p = 0.3) nor distort the choice when drafting pays (p = 0.95)."""
+    best = max(simulate(p, d)[0] for d in range(MAX_DEPTH + 1))
+    got, used = simulate(p, None, slow_first=20.0)
+    assert got >= 0.97 * best, (p, best, got, used[:30])
+    if p < 0.5:
+        assert used[-100:].count(0) >= 90
