@@ -371,12 +371,15 @@ def test_fused_rope_bitwise_equals_rope_kernel(variant, monkeypatch):
     assert np.array_equal(out[0][2][0], out[1][2][0])
 
 
-# Query-head grouping and head sizes of the attention kernel (attention.cu): grouped blocks for
-# head_dim 64/128 with G = n_head / n_head_kv <= 8, one block per query head otherwise.
+# Query-head grouping and head sizes of the attention kernel (attention.cu): one block per query
+# head by default; with MI_CUDA_ATTN_GROUP=1 grouped blocks for head_dim 64/128 and
+# G = n_head / n_head_kv <= 8, per-head blocks otherwise.
 ATTN_SHAPES = {
     "g2_hd64": dict(n_head=4, n_head_kv=2, head_dim=64),
+    "g4_hd128": dict(n_head=8, n_head_kv=2, head_dim=128),
     "g6_hd128": dict(n_head=12, n_head_kv=2, head_dim=128),
     "g7_hd64": dict(n_head=14, n_head_kv=2, head_dim=64),
+    "g8_hd64": dict(n_head=16, n_head_kv=2, head_dim=64),
     "per_head_hd96": dict(n_head=6, n_head_kv=2, head_dim=96),
     "per_head_g16": dict(n_head=32, n_head_kv=2, head_dim=64),
     "mha_hd256": dict(n_head=2, n_head_kv=2, head_dim=256),
@@ -388,12 +391,14 @@ def prefill_chunks(ctx, prompt, V, chunk=16):
         run(ctx, prompt[p0:p0 + chunk], range(p0, min(p0 + chunk, len(prompt))), V, out_rows=[])
 
 
+@pytest.mark.parametrize("group", ["0", "1"])
 @pytest.mark.parametrize("splits", ["64", "3"])  # 3: several tiles per split, a partial last tile
 @pytest.mark.parametrize("shape", list(ATTN_SHAPES))
-def test_attention_long_context(shape, splits, monkeypatch):
+def test_attention_long_context(shape, splits, group, monkeypatch):
     """300 cached positions: a 5-row verify batch equals five single-token forwards bitwise, and
     matches the CPU (f32 weights, so only the f16 KV cache differs: NMSE ~1e-7)."""
     monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
+    monkeypatch.setenv("MI_CUDA_ATTN_GROUP", group)
     F = bg.F32
     model = small_model(8, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
                         **ATTN_SHAPES[shape])
@@ -412,7 +417,7 @@ def test_attention_long_context(shape, splits, monkeypatch):
     assert nmse(lb, lc) < 1e-5, nmse(lb, lc)
 
 
-@pytest.mark.parametrize("shape", ["g6_hd128", "g7_hd64"])
+@pytest.mark.parametrize("shape", ["g2_hd64", "g4_hd128", "g6_hd128", "g7_hd64", "g8_hd64"])
 def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
     """MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group) is a speed choice only."""
     F = bg.F32
@@ -429,6 +434,14 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
         out.append(run(ctx, batch, range(P, P + 5), V))
     assert np.std(out[0][0]) > 0.1
     assert np.array_equal(out[0][0], out[1][0])
+
+
+@pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
+                                     ("MI_CUDA_ATTN_SPLITS", "0")])
+def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
+    monkeypatch.setenv(var, val)
+    with pytest.raises(core.NativeError, match=var):
+        make_ctx(small_model(11), 1)
 
 
 def test_prefill_chunking_within_tolerance():

@@ -262,20 +262,13 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
     }
 }
 
-// Most splits per row and head block: MI_CUDA_ATTN_SPLITS (1..MI_ATTN_SPLITS, A/B timing), read at
-// each launch so a captured graph keeps what was set at capture.
-int mi_attn_max_splits() {
-    const char *e = getenv("MI_CUDA_ATTN_SPLITS");
-    const int v = e ? atoi(e) : MI_ATTN_SPLITS;
-    return v < 1 ? 1 : v > MI_ATTN_SPLITS ? MI_ATTN_SPLITS : v;
-}
-
 struct mi_attn_args {
     const float *q;
     const __half *kc, *vc;
     const int32_t *pos;
     int nt, n_head, n_head_kv;
     float scale;
+    int max_splits, group;
     float *part;
     int32_t *cnt;
     float *att;
@@ -283,23 +276,20 @@ struct mi_attn_args {
 };
 
 template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cudaStream_t s) {
-    const int max_splits = mi_attn_max_splits();
-    const dim3 grid(G > 1 ? a.n_head_kv : a.n_head, a.nt, max_splits);
+    const dim3 grid(G > 1 ? a.n_head_kv : a.n_head, a.nt, a.max_splits);
     return mi_launch(mi_attn_kernel<DPL, G>, grid, MI_ATTN_THREADS, s, a.q, a.kc, a.vc, a.pos, a.n_head, a.n_head_kv,
-                     a.scale, max_splits, a.part, a.cnt, a.att, a.xq);
+                     a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq);
 }
 
-// Grouped blocks exist for the head sizes of current models (64, 128) and groups up to 8 (fewer
-// template instances to compile).
-// One block per query head by default; MI_CUDA_ATTN_GROUP=1: one block per KV head's group. Both
+// a.group: one block per KV head's query group (grouped instances exist for head_dim 64 and 128
+// and groups up to 8, to bound compile time), else one block per query head (the default). Both
 // compute every head with the same operations in the same order (bitwise equal, tested), so this
 // is a speed choice only. On the H200 per-head blocks won at nt = 1 (1.5B shape: attention 0.14 vs
 // 0.29 ms a token at depth 300, 0.35 vs 0.56 at 4096; bench/skip_profile.py): a grouped warp
 // runs its G heads one after another, which costs more than re-reading K/V from L2.
 template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStream_t s) {
-    const char *ge = getenv("MI_CUDA_ATTN_GROUP");
     if constexpr (DPL == 2 || DPL == 4) {
-        switch (ge && ge[0] == '1' ? a.n_head / a.n_head_kv : 1) {
+        switch (a.group ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
         case 3: return mi_attn_launch<DPL, 3>(a, s);
         case 4: return mi_attn_launch<DPL, 4>(a, s);
@@ -315,13 +305,15 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
 } // namespace
 
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
-                      int n_head, int n_head_kv, int hd, float scale, float *part, int32_t *cnt, float *att,
-                      mi_block_q8a *xq, cudaStream_t s) {
+                      int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, float *part,
+                      int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s) {
     if (n_head_kv < 1 || n_head % n_head_kv)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
     if (hd % 32 || hd < 32 || hd > 256)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: head_dim %d not a multiple of 32 up to 256", hd);
-    const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, part, cnt, att, xq};
+    if (max_splits < 1 || max_splits > MI_ATTN_SPLITS)
+        return mi_set_error(MI_ERR_ARG, "CUDA attention: max_splits %d outside 1..%d", max_splits, MI_ATTN_SPLITS);
+    const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, max_splits, group, part, cnt, att, xq};
     cudaError_t e = cudaSuccess;
     switch (hd / 32) {
     case 1: e = mi_attn_launch_g<1>(a, s); break;

@@ -6,7 +6,7 @@
 
 // Most KV splits per (row, head): slots 0..pos[t] are cut into <= MI_ATTN_SPLITS pieces of whole
 // tiles (4 warps x 4..16 slots by head_dim), a function of pos[t] alone (so rows never depend on nt
-// or on graphs). Fewer with MI_CUDA_ATTN_SPLITS (attention.cu).
+// or on graphs). Fewer with MI_CUDA_ATTN_SPLITS (read once per context, context.cu).
 #define MI_ATTN_SPLITS 64
 
 // Floats of the partial-result scratch for max_nt rows: [max_nt][n_head][MI_ATTN_SPLITS][hd + 2].
@@ -15,9 +15,11 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 }
 // att [nt][n_head*hd] f32 and xq [nt][n_head*hd/32] = softmax(q k^T * scale) v per head, row t
 // over slots 0..pos[t] of k_cache / v_cache ([n_ctx][n_head_kv*hd] f16 of this layer).
-// part: mi_attn_part_floats(nt, ...) floats of scratch; cnt: int32 [nt][n_head], zero before the
-// first call (each call leaves it zero again).
+// max_splits (1..MI_ATTN_SPLITS): most KV splits per row and head; it must stay the same for a
+// context's whole life (rows depend on it). group != 0: one block per KV head's query group
+// (same bits, another speed). part: mi_attn_part_floats(nt, ...) floats of scratch; cnt: int32
+// [nt][n_head], zero before the first call (each call leaves it zero again).
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
-                      int n_head, int n_head_kv, int hd, float scale, float *part, int32_t *cnt, float *att,
-                      mi_block_q8a *xq, cudaStream_t s);
+                      int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, float *part,
+                      int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s);
 #endif

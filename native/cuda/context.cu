@@ -57,6 +57,10 @@ struct mi_cuda_ctx {
     // MI_CUDA_SKIP=attn,norm,...: op kinds (mi_skip_names) left out of every forward. Timing only
     // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
     unsigned skip;
+    // Attention A/B settings, read once here so that every forward of the context (graphed or
+    // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..64, default 64)
+    // and MI_CUDA_ATTN_GROUP=1 (grouped blocks, same bits).
+    int attn_splits, attn_group;
     float *amax_v;         // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (value)
     int32_t *amax_i;       // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (index)
     int32_t *amax_cnt;     // [max_nt] argmax block counters (kept zero between launches)
@@ -96,16 +100,24 @@ const char *const mi_prof_names[MI_P_N] = {"embed+rope table", "rmsnorm+quant", 
 const char *const mi_skip_names[MI_P_N] = {"embed", "norm", "qkv", "-", "-", "rope", "attn", "o",
                                            "ffn_in", "quant", "down", "head_norm", "head", "argmax"};
 
-unsigned mi_parse_skip(const char *ev) {
-    unsigned m = 0;
+// Fills *mask from a comma-separated MI_CUDA_SKIP list; an unknown name is an error (MI_ERR_ARG).
+int mi_parse_skip(const char *ev, unsigned *mask) {
+    *mask = 0;
     for (const char *p = ev; p && *p;) {
         const char *e = strchr(p, ',');
         const size_t n = e ? (size_t)(e - p) : strlen(p);
+        int found = n == 0; // empty items (a trailing comma) are fine
         for (int k = 0; k < MI_P_N; k++)
-            if (strlen(mi_skip_names[k]) == n && strncmp(p, mi_skip_names[k], n) == 0) m |= 1u << k;
+            if (strcmp(mi_skip_names[k], "-") != 0 && strlen(mi_skip_names[k]) == n && strncmp(p, mi_skip_names[k], n) == 0) {
+                *mask |= 1u << k;
+                found = 1;
+            }
+        if (!found)
+            return mi_set_error(MI_ERR_ARG, "MI_CUDA_SKIP: unknown op kind '%.*s' (embed, norm, qkv, rope, attn, o, "
+                                "ffn_in, quant, down, head_norm, head, argmax)", (int)n, p);
         p = e ? e + 1 : nullptr;
     }
-    return m;
+    return MI_OK;
 }
 
 void mi_prof_mark(mi_cuda_ctx *c, int kind) {
@@ -222,7 +234,8 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
         if (!fuse_rope)
             MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
                                s));
-        MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale, c->part,
+        MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
+                                             c->attn_splits, c->attn_group, c->part,
                                              c->attn_cnt, c->att, c->xq, s));
         MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
         MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
@@ -347,7 +360,18 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->fuse_quant = fe && strcmp(fe, "1") == 0;
     const char *me = getenv("MI_CUDA_MMQ");
     c->no_mmq = me && strcmp(me, "0") == 0;
-    c->skip = mi_parse_skip(getenv("MI_CUDA_SKIP"));
+    const char *ae = getenv("MI_CUDA_ATTN_SPLITS");
+    c->attn_splits = ae ? atoi(ae) : MI_ATTN_SPLITS;
+    if (c->attn_splits < 1 || c->attn_splits > MI_ATTN_SPLITS) {
+        free(c);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_SPLITS=%s: want 1..%d", ae, MI_ATTN_SPLITS);
+    }
+    const char *ge = getenv("MI_CUDA_ATTN_GROUP");
+    c->attn_group = ge && ge[0] == '1';
+    if (mi_parse_skip(getenv("MI_CUDA_SKIP"), &c->skip)) {
+        free(c);
+        return MI_ERR_ARG;
+    }
     const char *re = getenv("MI_CUDA_ROPE_FUSE");
     c->rope_fuse = !(re && strcmp(re, "0") == 0) && mi_cuda_mmvq_can_rope(d->n_embd);
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
