@@ -177,9 +177,10 @@ def decode_times(ctx, n_tokens, start_pos=0, nt=1):
     return times
 
 
-def prefill(ctx, n, nt=64):
+def prefill(ctx, n, nt=64, start=0):
+    """Fill positions start..n-1 of the KV cache with token 7 in chunks of nt (no logits)."""
     rows = np.zeros(0, dtype=np.int32)
-    for p0 in range(0, n, nt):
+    for p0 in range(start, n, nt):
         k = min(nt, n - p0)
         ctx.forward(np.full(k, 7, dtype=np.int32), np.arange(p0, p0 + k, dtype=np.int32), rows)
 

@@ -15,7 +15,7 @@ import statistics
 
 import numpy as np
 
-from bench_gpu import SHAPES, synthetic_model, types_for
+from bench_gpu import SHAPES, prefill, synthetic_model, types_for
 
 KINDS = "none,norm,qkv,attn,o,ffn_in,quant,down,head_norm,head,argmax"
 
@@ -52,10 +52,7 @@ def main() -> None:
                 ctx = _core.Context(cfg, tensors, max(depths) + 64, 64, 0, 1, keep)
                 done = 0
                 for d in depths:
-                    rows = np.zeros(0, dtype=np.int32)
-                    for p0 in range(done, d, 64):  # prefill up to the depth in 64-token chunks
-                        n = min(64, d - p0)
-                        ctx.forward(np.full(n, 7, dtype=np.int32), np.arange(p0, p0 + n, dtype=np.int32), rows)
+                    prefill(ctx, d, start=done)
                     done = d
                     for nt in (1, 8):
                         res.setdefault((var, k, d, nt), []).append(replay_at(ctx, d, nt, args.reps))

@@ -76,6 +76,11 @@ def check_draft(target: Model, draft: Model) -> None:
                       DraftLargerWarning, stacklevel=2)
 
 
+def _median(v: Sequence[float]) -> float:
+    """Upper median of a non-empty sequence (the middle element after sorting)."""
+    return sorted(v)[len(v) // 2]
+
+
 class AdaptiveDepth:
     """Chooses the draft depth d of each round to maximise expected tokens per second.
 
@@ -135,12 +140,12 @@ class AdaptiveDepth:
         round, say) is tried again. ``cv``: verify_table(), when the caller has it."""
         rc = self.round_cost[d]
         if len(rc) >= 3:
-            return sorted(rc)[len(rc) // 2]
-        cands = [sorted(rc)[len(rc) // 2]] if rc else []
+            return _median(rc)
+        cands = [_median(rc)] if rc else []
         c = (cv if cv is not None else self.verify_table())[d + 1]
         cd = min(self.draft_step) if self.draft_step else None
         if c is not None and (d == 0 or cd is not None):
-            rem = sorted(self.remainder)[len(self.remainder) // 2] if self.remainder else 0.0
+            rem = _median(self.remainder) if self.remainder else 0.0
             cands.append(c + d * (cd or 0.0) + rem)
         return min(cands) if cands else None
 

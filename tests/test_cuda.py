@@ -246,6 +246,25 @@ def session(ctx, prompt, steps, n_vocab, tokens_from=None):
     return np.array(out_l), out_a
 
 
+def prefill_chunks(ctx, prompt, V, chunk=16):
+    """Evaluate ``prompt`` at positions 0.. in forwards of ``chunk`` tokens, no logits."""
+    for p0 in range(0, len(prompt), chunk):
+        run(ctx, prompt[p0:p0 + chunk], range(p0, min(p0 + chunk, len(prompt))), V, out_rows=[])
+
+
+def batch_under_env(monkeypatch, var, values, model, prompt, batch):
+    """For each value of the environment variable ``var``: a fresh GPU context, ``prompt``
+    prefilled, then one forward of ``batch`` after it; returns [(logits, argmax)] per value."""
+    V, P = model[0]["n_vocab"], len(prompt)
+    out = []
+    for v in values:
+        monkeypatch.setenv(var, v)
+        ctx = make_ctx(model, 1, n_ctx=max(64, P + 8, P + len(batch)))
+        prefill_chunks(ctx, prompt, V)
+        out.append(run(ctx, batch, range(P, P + len(batch)), V))
+    return out
+
+
 @pytest.mark.parametrize("mix", ["mixed", "q4_k_m"])
 @pytest.mark.parametrize("prompt_len", [7, 13])  # 7: captured graph path; 13 > 8: plain launches
 def test_forward_matches_cpu(prompt_len, mix):
@@ -330,14 +349,8 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
     """MI_CUDA_FUSE=1 (SwiGLU launch quantizes its output, last block per 32 rows) gives the bits
     of the separate quantize launch: same function on the same floats."""
     model = small_model(8, types=bg.qwen_types(SMALL["n_layer"]))
-    V = SMALL["n_vocab"]
-    prompt = list(np.random.default_rng(8).integers(0, V, 10))
-    out = []
-    for fuse in ("0", "1"):
-        monkeypatch.setenv("MI_CUDA_FUSE", fuse)
-        ctx = make_ctx(model, 1)
-        run(ctx, prompt, range(10), V, out_rows=[])
-        out.append(run(ctx, list(range(7, 7 + nt)), range(10, 10 + nt), V))
+    prompt = list(np.random.default_rng(8).integers(0, SMALL["n_vocab"], 10))
+    out = batch_under_env(monkeypatch, "MI_CUDA_FUSE", ("0", "1"), model, prompt, list(range(7, 7 + nt)))
     assert np.std(out[0][0]) > 0.1
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
 
@@ -386,11 +399,6 @@ ATTN_SHAPES = {
 }
 
 
-def prefill_chunks(ctx, prompt, V, chunk=16):
-    for p0 in range(0, len(prompt), chunk):
-        run(ctx, prompt[p0:p0 + chunk], range(p0, min(p0 + chunk, len(prompt))), V, out_rows=[])
-
-
 @pytest.mark.parametrize("group", ["0", "1"])
 @pytest.mark.parametrize("splits", ["64", "3"])  # 3: several tiles per split, a partial last tile
 @pytest.mark.parametrize("shape", list(ATTN_SHAPES))
@@ -426,12 +434,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
     V, P = SMALL["n_vocab"], 150
     rng = np.random.default_rng(9)
     prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
-    out = []
-    for group in ("0", "1"):
-        monkeypatch.setenv("MI_CUDA_ATTN_GROUP", group)
-        ctx = make_ctx(model, 1, n_ctx=P + 8)
-        prefill_chunks(ctx, prompt, V)
-        out.append(run(ctx, batch, range(P, P + 5), V))
+    out = batch_under_env(monkeypatch, "MI_CUDA_ATTN_GROUP", ("0", "1"), model, prompt, batch)
     assert np.std(out[0][0]) > 0.1
     assert np.array_equal(out[0][0], out[1][0])
 

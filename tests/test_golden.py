@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 
+from typing import Callable
+
 import pytest
 
 from pyminfer.generate import generate
@@ -22,7 +24,8 @@ from conftest import golden
 NEAR_TIE = 0.35
 
 
-def check_against_golden(case: dict, got: list[int], tie_margin=None) -> int:
+def check_against_golden(case: dict, got: list[int],
+                         tie_margin: Callable[[int, int], float] | None = None) -> int:
     """Assert ``got`` matches the golden greedy ids up to the first near-tie; returns the number
     of positions compared. At that near-tie ``got`` may hold either of the pair, or, when
     ``tie_margin(k, token)`` is given, any token it finds within NEAR_TIE of the top logit

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
         for (int i = threadIdx.x; i < (k1 - k0) * 2 * LPR; i += MI_ATTN_THREADS) {
             const int j = k0 + i / (2 * LPR), l = i % (2 * LPR);
             const __half *row = (l < LPR ? kc : vc) + (int64_t)j * kvd + g * HD;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)row + (l % LPR) * 128));
+            mi_prefetch_l2_line((const char *)row + (l % LPR) * 128);
         }
     }
     mi_pdl_wait();

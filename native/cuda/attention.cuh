@@ -19,6 +19,9 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 // context's whole life (rows depend on it). group != 0: one block per KV head's query group
 // (same bits, another speed). part: mi_attn_part_floats(nt, ...) floats of scratch; cnt: int32
 // [nt][n_head], zero before the first call (each call leaves it zero again).
+// Returns MI_OK; MI_ERR_ARG for head_dim not a multiple of 32 up to 256, n_head not a multiple of
+// n_head_kv or max_splits outside 1..MI_ATTN_SPLITS; MI_ERR_CUDA when the launch fails.
+// Algorithm: flash-decoding (split-KV online softmax, attention.cu).
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, float *part,
                       int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s);

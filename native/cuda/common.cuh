@@ -93,10 +93,11 @@ __device__ __forceinline__ void mi_pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// Bring bytes [p, p + n) towards L2 (hints only: never faults past nothing, changes no result).
+// Bring the 128-byte line holding p towards L2 (a hint: changes no result).
+__device__ __forceinline__ void mi_prefetch_l2_line(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// Bring bytes [p, p + n) towards L2, the block's threads taking one line each in turn.
 __device__ __forceinline__ void mi_prefetch_l2(const uint8_t *p, int64_t n) {
-    for (int64_t o = (int64_t)threadIdx.x * 128; o < n; o += (int64_t)blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+    for (int64_t o = (int64_t)threadIdx.x * 128; o < n; o += (int64_t)blockDim.x * 128) mi_prefetch_l2_line(p + o);
 }
 
 static inline bool mi_pdl_on(cudaStream_t s) {

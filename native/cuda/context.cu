@@ -112,9 +112,14 @@ int mi_parse_skip(const char *ev, unsigned *mask) {
                 *mask |= 1u << k;
                 found = 1;
             }
-        if (!found)
-            return mi_set_error(MI_ERR_ARG, "MI_CUDA_SKIP: unknown op kind '%.*s' (embed, norm, qkv, rope, attn, o, "
-                                "ffn_in, quant, down, head_norm, head, argmax)", (int)n, p);
+        if (!found) {
+            char known[256] = "";
+            for (int k = 0; k < MI_P_N; k++)
+                if (strcmp(mi_skip_names[k], "-") != 0)
+                    snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", known[0] ? ", " : "",
+                             mi_skip_names[k]);
+            return mi_set_error(MI_ERR_ARG, "MI_CUDA_SKIP: unknown op kind '%.*s' (%s)", (int)n, p, known);
+        }
         p = e ? e + 1 : nullptr;
     }
     return MI_OK;
@@ -361,8 +366,10 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     const char *me = getenv("MI_CUDA_MMQ");
     c->no_mmq = me && strcmp(me, "0") == 0;
     const char *ae = getenv("MI_CUDA_ATTN_SPLITS");
-    c->attn_splits = ae ? atoi(ae) : MI_ATTN_SPLITS;
-    if (c->attn_splits < 1 || c->attn_splits > MI_ATTN_SPLITS) {
+    char *ae_end = nullptr;
+    const long splits = ae ? strtol(ae, &ae_end, 10) : MI_ATTN_SPLITS;
+    c->attn_splits = (int)splits;
+    if (splits < 1 || splits > MI_ATTN_SPLITS || (ae && (ae_end == ae || *ae_end))) {
         free(c);
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_SPLITS=%s: want 1..%d", ae, MI_ATTN_SPLITS);
     }
