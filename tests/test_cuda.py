@@ -62,7 +62,7 @@ def test_matmul_rows_bitwise_equal_to_one_row(typ):
         assert np.array_equal(y, ones[:nt]), (bg.NAMES[typ], nt)
 
 
-@pytest.mark.parametrize("mmvq", ["0", "1", "2"])
+@pytest.mark.parametrize("mmvq", ["0", "1", "2", "3"])
 @pytest.mark.parametrize("typ", [bg.Q4_0, bg.Q5_0, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K],
                          ids=lambda t: bg.NAMES[t])
 def test_matmul_both_kernels_odd_blocks(typ, mmvq, monkeypatch):

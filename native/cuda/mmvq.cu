@@ -34,7 +34,10 @@ static int mi_mmvq_mode() {
     return ev ? atoi(ev) : 0;
 }
 
-bool mi_cuda_mmvq_can_rope(int64_t n_cols) { return mi_mmvq_mode() == 0 && mi_rows_per_block(n_cols / 32) % 2 == 0; }
+bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
+    const int mode = mi_mmvq_mode(); // modes 0 and 3 run rows of <= 128 chunks on the block kernel
+    return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
+}
 
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s) {
@@ -57,9 +60,11 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     // was set at capture): unset/0 = the block kernel (mmvq_kernels.cuh) (fastest at nt = 1 on the H200: 7B shape
     // 359 vs 350 / 340 tok/s, 1.5B 688 vs 619 / 629), 1 = the warp kernel with one warp per row
     // (fastest at nt = 8: 7B 1454 vs 1275 batch tok/s; 14B nt = 1 175 vs 165), 2 = the warp kernel
-    // with 1, 2 or 4 warps per row by row length. a.warp = warps per row, 0 = block kernel.
+    // with 1, 2 or 4 warps per row by row length, 3 = by row length: the block kernel up to 128
+    // chunks, one warp per row beyond (the choice depends on the matrix only, never on nt, so rows
+    // stay bitwise equal across nt). a.warp = warps per row, 0 = block kernel.
     const int mode = mi_mmvq_mode();
-    a.warp = mode == 0 ? 0 : mode == 1 ? 1 : nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
+    a.warp = mode == 0 ? 0 : mode == 1 ? 1 : mode == 3 ? (nchunks > 128 ? 1 : 0) : nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
     for (int t0 = 0; t0 < nt; t0 += 8) {
         const int g = nt - t0 < 8 ? nt - t0 : 8;
         a.xq = xq ? xq + t0 * (ldx / 32) : nullptr;
