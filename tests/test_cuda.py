@@ -80,6 +80,27 @@ def test_matmul_both_kernels_odd_blocks(typ, mmvq, monkeypatch):
         assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], nt)
 
 
+@pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K], ids=lambda t: bg.NAMES[t])
+def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
+    """The default MMVQ choice (MI_CUDA_MMVQ=3) takes the warp kernel for >= 4096 rows of > 128
+    chunks and the block kernel below: both sides of the rule, CPU bound, rows bitwise across nt,
+    and the same bits as forcing that kernel."""
+    monkeypatch.delenv("MI_CUDA_MMVQ", raising=False)
+    rng = np.random.default_rng(typ + 41)
+    n_cols = 256 * 19  # 152 chunks
+    for n_rows, forced in ((4100, "1"), (4095, "0")):
+        w = bg.random_weights(rng, typ, n_rows, n_cols)
+        x = rng.standard_normal((8, n_cols)).astype(np.float32)
+        y_cpu = matmul(0, typ, w, n_rows, n_cols, x)
+        ones = np.concatenate([matmul(1, typ, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])
+        assert nmse(ones, y_cpu) < 1e-10, (bg.NAMES[typ], n_rows)
+        for nt in (2, 5, 8):
+            assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], n_rows, nt)
+        monkeypatch.setenv("MI_CUDA_MMVQ", forced)
+        assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x), ones), (bg.NAMES[typ], n_rows)
+        monkeypatch.delenv("MI_CUDA_MMVQ")
+
+
 # ---- MMQ, the tensor-core GEMM for nt >= 9 (native/cuda/mmq.cuh) ----
 # Reference: the float64 product of the CPU-dequantized weights (dequantizers tested vs gguf-py).
 # MMQ rounds W and x to f16 (2^-11 relative each) and sums in f32: on these operands NMSE ~1e-7 and

@@ -31,7 +31,7 @@ static int mi_rows_per_block(int64_t nchunks) { return nchunks <= 64 ? 4 : nchun
 
 static int mi_mmvq_mode() {
     const char *ev = getenv("MI_CUDA_MMVQ");
-    return ev ? atoi(ev) : 0;
+    return ev ? atoi(ev) : 3;
 }
 
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
@@ -57,14 +57,17 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     a.accumulate = accumulate;
     a.rpb = mi_rows_per_block(nchunks);
     // Quantized weights: MI_CUDA_MMVQ picks the kernel (read at every call, so a graph keeps what
-    // was set at capture): unset/0 = the block kernel (mmvq_kernels.cuh) (fastest at nt = 1 on the H200: 7B shape
+    // was set at capture): 0 = the block kernel (mmvq_kernels.cuh) (fastest at nt = 1 on the H200: 7B shape
     // 359 vs 350 / 340 tok/s, 1.5B 688 vs 619 / 629), 1 = the warp kernel with one warp per row
     // (fastest at nt = 8: 7B 1454 vs 1275 batch tok/s; 14B nt = 1 175 vs 165), 2 = the warp kernel
-    // with 1, 2 or 4 warps per row by row length, 3 = by row length: the block kernel up to 128
-    // chunks, one warp per row beyond (the choice depends on the matrix only, never on nt, so rows
-    // stay bitwise equal across nt). a.warp = warps per row, 0 = block kernel.
+    // with 1, 2 or 4 warps per row by row length, 3 (default) = by matrix shape: one warp per row
+    // for rows of > 128 chunks in matrices of >= 4096 rows (14B shape: nt = 1 +1%, nt = 8 +18%;
+    // on the ffn_down of the 1.5B / 7B shapes, 1,536 / 3,584 rows, it lost 8% / 4% at nt = 1), the
+    // block kernel otherwise. The choice depends on the matrix only, never on nt, so rows stay
+    // bitwise equal across nt. a.warp = warps per row, 0 = block kernel.
     const int mode = mi_mmvq_mode();
-    a.warp = mode == 0 ? 0 : mode == 1 ? 1 : mode == 3 ? (nchunks > 128 ? 1 : 0) : nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
+    const bool wide = nchunks > 128 && w->n_rows >= 4096;
+    a.warp = mode == 0 ? 0 : mode == 1 ? 1 : mode == 3 ? (wide ? 1 : 0) : nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
     for (int t0 = 0; t0 < nt; t0 += 8) {
         const int g = nt - t0 < 8 ? nt - t0 : 8;
         a.xq = xq ? xq + t0 * (ldx / 32) : nullptr;
