@@ -195,8 +195,9 @@ def main():
     ap.add_argument("--profile", action="store_true", help="per-op GPU time of 1.5b decode (no graphs)")
     ap.add_argument("--ab", action="store_true", help="1.5b tg with q/k/v as separate launches, same machine")
     ap.add_argument("--ab-mmvq", action="store_true",
-                    help="per model: tg @0 and nt=8 with MI_CUDA_MMVQ=0 (block-per-row), 1 (one warp per row), "
-                         "2 (1-4 warps per row, default) interleaved 0,1,2,0,1,2 on the same weights; medians")
+                    help="per model: tg @0 and nt=8 with MI_CUDA_MMVQ=0 (block kernel), 1 (one warp per row), "
+                         "2 (1-4 warps per row), 3 (by matrix shape, the default) interleaved 0,1,2,3,0,1,2,3 "
+                         "on the same weights; medians")
     ap.add_argument("--ab-env", action="append", default=[], metavar="VAR=V1,V2",
                     help="per model: tg @0 and nt=8 under each value of the environment variable VAR, "
                          "interleaved V1,V2,..,V1,V2,.. on the same weights; medians (repeatable)")
@@ -249,7 +250,7 @@ def main():
         if args.curve:
             curves[name] = verify_curve(ctx)
         ctx.close()
-        ab_specs = ([("MI_CUDA_MMVQ", ["0", "1", "2"])] if args.ab_mmvq else []) + \
+        ab_specs = ([("MI_CUDA_MMVQ", ["0", "1", "2", "3"])] if args.ab_mmvq else []) + \
             [(e.split("=", 1)[0], e.split("=", 1)[1].split(",")) for e in args.ab_env]
         for var, vals in ab_specs:
             import os
