@@ -167,6 +167,12 @@ cdef class Context:
                 mi_ctx_free(self.ctx)
                 self.ctx = NULL
 
+    cdef mi_ctx *_open(self) except NULL:
+        # The native context, or ValueError once closed; call with self._lock held.
+        if self.ctx == NULL:
+            raise ValueError("context is closed")
+        return self.ctx
+
     def forward(self, const int32_t[::1] tokens, const int32_t[::1] pos, const int32_t[::1] out_rows,
                 float[:, ::1] logits=None, int32_t[::1] argmax=None) -> None:
         """Run one forward over len(tokens) tokens at positions ``pos`` (int32 arrays).
@@ -193,9 +199,7 @@ cdef class Context:
         cdef int rc
         cdef mi_ctx *c
         with self._lock:
-            if self.ctx == NULL:
-                raise ValueError("context is closed")
-            c = self.ctx
+            c = self._open()
             with nogil:
                 rc = mi_forward(c, &tokens[0], &pos[0], nt, rp, n_out, lp, ap)
         _check(rc)
@@ -208,9 +212,7 @@ cdef class Context:
         cdef int rc
         cdef mi_ctx *c
         with self._lock:
-            if self.ctx == NULL:
-                raise ValueError("context is closed")
-            c = self.ctx
+            c = self._open()
             with nogil:
                 rc = mi_gpu_replay_ms(c, nt, reps, &ms)
         _check(rc)

@@ -461,7 +461,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 
 
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
-                                     ("MI_CUDA_ATTN_SPLITS", "0")])
+                                     ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

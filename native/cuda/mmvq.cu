@@ -29,9 +29,30 @@ int mi_launch_type(int type, bool glu, int nt, const mi_mmvq_args &a, cudaStream
 // so fewer lanes idle. (Tried: one chunk pair per lane: no faster at nt=1, 20-30% slower at nt=8.)
 static int mi_rows_per_block(int64_t nchunks) { return nchunks <= 64 ? 4 : nchunks <= 128 ? 2 : 1; }
 
+// MI_CUDA_MMVQ (read at every call, so a graph keeps what was set at capture): 0..3, unset = 3;
+// -1 when malformed (mi_cuda_mmvq_seg refuses it).
 static int mi_mmvq_mode() {
     const char *ev = getenv("MI_CUDA_MMVQ");
-    return ev ? atoi(ev) : 3;
+    if (!ev) return 3;
+    return ev[0] >= '0' && ev[0] <= '3' && ev[1] == 0 ? ev[0] - '0' : -1;
+}
+
+// Warps per row of the warp kernel for a matrix of n_rows rows of nchunks chunks (0 = the block
+// kernel). 0 = the block kernel (fastest at nt = 1 on the H200 in session 2: 7B shape 359 vs
+// 350 / 340 tok/s, 1.5B 688 vs 619 / 629), 1 = one warp per row (fastest at nt = 8 then: 7B 1454
+// vs 1275 batch tok/s; 14B nt = 1 175 vs 165), 2 = 1, 2 or 4 warps per row by row length,
+// 3 (default) = by matrix shape: one warp per row for rows of > 128 chunks in matrices of >= 4096
+// rows, the block kernel otherwise (14B shape tg 194.3 -> 199.0, nt = 8 542.8 -> 649.5 tok/s; for
+// every row of > 128 chunks the ffn_down of the 1.5B / 7B shapes, 1,536 / 3,584 rows, lost 8% / 4%
+// at nt = 1: docs/perf.md, session 4). A function of the matrix only, never of nt, so rows stay
+// bitwise equal across nt.
+static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
+    switch (mode) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
+    default: return nchunks > 128 && n_rows >= 4096 ? 1 : 0;
+    }
 }
 
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
@@ -56,18 +77,10 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     a.n_cols = (int)w->n_cols;
     a.accumulate = accumulate;
     a.rpb = mi_rows_per_block(nchunks);
-    // Quantized weights: MI_CUDA_MMVQ picks the kernel (read at every call, so a graph keeps what
-    // was set at capture): 0 = the block kernel (mmvq_kernels.cuh) (fastest at nt = 1 on the H200: 7B shape
-    // 359 vs 350 / 340 tok/s, 1.5B 688 vs 619 / 629), 1 = the warp kernel with one warp per row
-    // (fastest at nt = 8: 7B 1454 vs 1275 batch tok/s; 14B nt = 1 175 vs 165), 2 = the warp kernel
-    // with 1, 2 or 4 warps per row by row length, 3 (default) = by matrix shape: one warp per row
-    // for rows of > 128 chunks in matrices of >= 4096 rows (14B shape: nt = 1 +1%, nt = 8 +18%;
-    // on the ffn_down of the 1.5B / 7B shapes, 1,536 / 3,584 rows, it lost 8% / 4% at nt = 1), the
-    // block kernel otherwise. The choice depends on the matrix only, never on nt, so rows stay
-    // bitwise equal across nt. a.warp = warps per row, 0 = block kernel.
+    // Quantized weights: MI_CUDA_MMVQ picks the kernel (mi_mmvq_warps).
     const int mode = mi_mmvq_mode();
-    const bool wide = nchunks > 128 && w->n_rows >= 4096;
-    a.warp = mode == 0 ? 0 : mode == 1 ? 1 : mode == 3 ? (wide ? 1 : 0) : nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
+    if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2 or 3", getenv("MI_CUDA_MMVQ"));
+    a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows);
     for (int t0 = 0; t0 < nt; t0 += 8) {
         const int g = nt - t0 < 8 ? nt - t0 : 8;
         a.xq = xq ? xq + t0 * (ldx / 32) : nullptr;
