@@ -406,8 +406,8 @@ def test_fused_rope_bitwise_equals_rope_kernel(variant, monkeypatch):
 
 
 # Query-head grouping and head sizes of the attention kernel (attention.cu): one block per query
-# head by default; with MI_CUDA_ATTN_GROUP=1 grouped blocks for head_dim 64/128 and
-# G = n_head / n_head_kv <= 8, per-head blocks otherwise.
+# head (MI_CUDA_ATTN_GROUP=0), or one block per KV head with four warps per query head (=1) for
+# head_dim 64/128 and G = n_head / n_head_kv in 2..8, per-head blocks otherwise.
 ATTN_SHAPES = {
     "g2_hd64": dict(n_head=4, n_head_kv=2, head_dim=64),
     "g4_hd128": dict(n_head=8, n_head_kv=2, head_dim=128),
@@ -461,7 +461,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 
 
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
-                                     ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x")])
+                                     ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
+                                     ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

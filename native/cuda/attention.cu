@@ -1,10 +1,10 @@
 // Decode attention, flash-decoding style (Dao et al., "Flash-Decoding for long-context inference",
 // 2023): grid (head block, row, split). A block serves one row t, one KV split and one query head
-// (or, MI_CUDA_ATTN_GROUP=1, every query head sharing a KV head: G of them, K/V read once per
-// group). Four warps take U consecutive slots each per step
-// (all their K/V loads in flight together) and run an exact, max-subtracted online softmax in f32
-// for each of the block's query heads; warps, then splits, are merged in a fixed order. Before the
-// PDL wait the block prefetches its K/V rows into L2 (older slots are constants by then). The last
+// (or, MI_CUDA_ATTN_GROUP=1, every query head sharing a KV head: G of them, four warps each, the
+// K/V rows shared through L1). Four warps per head take U consecutive slots each per step (all
+// their K/V loads in flight together) and run an exact, max-subtracted online softmax in f32;
+// warps, then splits, are merged in a fixed order. Before the PDL wait the block prefetches its
+// K/V rows into L2 (older slots are constants by then). The last
 // block of a (row, head block) to finish (a counter, as the CUDA threadFenceReduction sample)
 // merges the splits and quantizes the output: one launch per layer.
 //
@@ -96,48 +96,134 @@ template <int U> __device__ __forceinline__ float mi_attn_slots_sum(float v) {
     return v;
 }
 
+// One step of a warp's online softmax for one query head over U slots j0 .. j0+U-1 (slots >= k1
+// masked): K/V rows in kf/vf (this lane's DPL dims), running max m, denominator l and output acc.
+// Lane l ends the score reduction holding slot my_u = mi_attn_slot<U>(l). Per-head and grouped
+// blocks both run their slots through this, so a row's bits depend on which slots a step takes.
+template <int DPL, int U>
+__device__ __forceinline__ void mi_attn_step(const float (&qr)[DPL], const float (&kf)[U][DPL], const float (&vf)[U][DPL],
+                                             int j0, int k1, int my_u, float scale, int lane, float &m, float &l,
+                                             float (&acc)[DPL]) {
+    float sc[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[i], kf[u][i]));
+        sc[u] = d;
+    }
+    const float dot = mi_attn_reduce<U>(sc, lane); // every lane: the shuffles need the full warp
+    const float sv = j0 + my_u < k1 ? __fmul_rn(dot, scale) : -INFINITY;
+    const float mx = fmaxf(m, mi_attn_slots_max<U>(sv));
+    const float corr = expf(m - mx); // 0 on the first step (m = -inf)
+    const float p = expf(sv - mx);   // 0 for masked slots
+    l = __fadd_rn(__fmul_rn(l, corr), mi_attn_slots_sum<U>(p));
+    float pu[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) pu[u] = __shfl_sync(MI_FULL_MASK, p, mi_attn_lane<U>(u));
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        float a = __fmul_rn(acc[i], corr);
+#pragma unroll
+        for (int u = 0; u < U; u++) a = __fadd_rn(a, __fmul_rn(pu[u], vf[u][i]));
+        acc[i] = a;
+    }
+    m = mx;
+}
+
+// K and V rows j0 .. j0+U-1 (clamped to k1 - 1) of KV head g, this lane's DPL dims, all in flight.
+template <int DPL, int U>
+__device__ __forceinline__ void mi_attn_load(const __half *__restrict__ kc, const __half *__restrict__ vc, int j0, int k1,
+                                             int kvd, int g, int lane, float (&kf)[U][DPL], float (&vf)[U][DPL]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int j = min(j0 + u, k1 - 1);
+        mi_ld_halves<DPL>(kc + (int64_t)j * kvd + g * DPL * 32 + lane * DPL, kf[u]);
+        mi_ld_halves<DPL>(vc + (int64_t)j * kvd + g * DPL * 32 + lane * DPL, vf[u]);
+    }
+}
+
+// Hint K/V rows k0 .. k1-1 of KV head g into L2 (nthreads threads of the block share the lines).
+template <int HD>
+__device__ __forceinline__ void mi_attn_prefetch(const __half *kc, const __half *vc, int k0, int k1, int kvd, int g,
+                                                 int nthreads) {
+    constexpr int LPR = (2 * HD + 127) / 128; // 128-byte lines per row
+    for (int i = threadIdx.x; i < (k1 - k0) * 2 * LPR; i += nthreads) {
+        const int j = k0 + i / (2 * LPR), l = i % (2 * LPR);
+        const __half *row = (l < LPR ? kc : vc) + (int64_t)j * kvd + g * HD;
+        mi_prefetch_l2_line((const char *)row + (l % LPR) * 128);
+    }
+}
+
+// Merge the n_used split partials [M, L, acc[HD]] of query head h, row t (one warp) into att and
+// its q8a blocks: lane i holds splits i and i + 32 (n_used <= 64) for the max and the denominator;
+// the output dims are 32c + lane (c < DPL), one q8a block per c.
+template <int DPL>
+__device__ __forceinline__ void mi_attn_merge(const float *__restrict__ part, int t, int h, int n_head, int n_used,
+                                              float *__restrict__ att, mi_block_q8a *__restrict__ xq, int lane) {
+    constexpr int HD = DPL * 32;
+    const int qd = n_head * HD;
+    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
+    const float m0 = lane < n_used ? __ldcg(p + lane * (HD + 2)) : -INFINITY;
+    const float m1 = lane + 32 < n_used ? __ldcg(p + (lane + 32) * (HD + 2)) : -INFINITY;
+    const float l0 = lane < n_used ? __ldcg(p + lane * (HD + 2) + 1) : 0.0f;
+    const float l1 = lane + 32 < n_used ? __ldcg(p + (lane + 32) * (HD + 2) + 1) : 0.0f;
+    const float PM = mi_warp_max(fmaxf(m0, m1));
+    const float e0 = lane < n_used ? expf(m0 - PM) : 0.0f, e1 = lane + 32 < n_used ? expf(m1 - PM) : 0.0f;
+    const float PL = mi_warp_sum(__fadd_rn(__fmul_rn(l0, e0), __fmul_rn(l1, e1)));
+    float A[DPL];
+#pragma unroll
+    for (int c = 0; c < DPL; c++) A[c] = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < n_used; i++) {
+        const float e = __shfl_sync(MI_FULL_MASK, i < 32 ? e0 : e1, i & 31);
+#pragma unroll
+        for (int c = 0; c < DPL; c++) A[c] = __fadd_rn(A[c], __fmul_rn(__ldcg(p + i * (HD + 2) + 2 + 32 * c + lane), e));
+    }
+    const float r = __frcp_rn(PL);
+#pragma unroll
+    for (int c = 0; c < DPL; c++) {
+        const float o = __fmul_rn(A[c], r);
+        att[(int64_t)t * qd + h * HD + 32 * c + lane] = o;
+        mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + h * (HD / 32) + c, lane);
+    }
+}
+
 // DPL = head_dim / 32 dims per lane (contiguous, so one K row is one coalesced 2*hd-byte read).
-// G > 1: block x serves KV head x and query heads x*G .. x*G + G-1 (G = n_head / n_head_kv).
-// G == 1: block x is query head x, reading KV head x / (n_head / n_head_kv) (any grouping).
+// G == 1: block x is query head x, reading KV head x / (n_head / n_head_kv) (any grouping), four
+// warps. G > 1: block x serves KV head x and its query heads x*G .. x*G + G-1 with four warps
+// each, warp w of head gg doing exactly what warp w of that head's G == 1 block does (same slots,
+// same merge order: the same bits). The G heads' warps read the same K/V rows at about the same
+// time, so L1 serves most repeats: per-head blocks read each K/V row from L2 once per query head.
 template <int DPL, int G>
-__global__ void __launch_bounds__(MI_ATTN_THREADS)
+__global__ void __launch_bounds__(G * MI_ATTN_THREADS)
     mi_attn_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                    const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
                    float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
                    mi_block_q8a *__restrict__ xq) {
-    constexpr int HD = DPL * 32, U = mi_attn_unroll<DPL>(), TILE = MI_ATTN_WARPS * U;
+    constexpr int HD = DPL * 32, U = mi_attn_unroll<DPL>(), TILE = MI_ATTN_WARPS * U, NTH = G * MI_ATTN_THREADS;
     const int x = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int g = G > 1 ? x : x / (n_head / n_head_kv), h0 = G > 1 ? x * G : x;
+    const int gg = threadIdx.x / MI_ATTN_THREADS, h = h0 + gg; // this thread's query head
     const int kvd = n_head_kv * HD;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32 % MI_ATTN_WARPS, lane = threadIdx.x % 32;
     // pos was copied in before the forward's first kernel, which every kernel of the chain
     // (transitively) started after: readable before the wait.
     const int n_kv = pos[t] + 1;
     int S, n_used;
     mi_attn_split_size(n_kv, TILE, max_splits, S, n_used);
     const int k0 = s * S, k1 = min(n_kv, k0 + S);
-    if (s < n_used) { // prefetch this split's K/V rows of head g (hints; slot pos[t] may still be in flight)
-        constexpr int LPR = (2 * HD + 127) / 128; // 128-byte lines per row
-        for (int i = threadIdx.x; i < (k1 - k0) * 2 * LPR; i += MI_ATTN_THREADS) {
-            const int j = k0 + i / (2 * LPR), l = i % (2 * LPR);
-            const __half *row = (l < LPR ? kc : vc) + (int64_t)j * kvd + g * HD;
-            mi_prefetch_l2_line((const char *)row + (l % LPR) * 128);
-        }
-    }
+    // prefetch this split's K/V rows of head g (hints; slot pos[t] may still be in flight)
+    if (s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, NTH);
     mi_pdl_wait();
     mi_pdl_trigger();
-    if (s >= n_used) return;
-    float qr[G][DPL], acc[G][DPL], m[G], l[G];
+    if (s >= n_used) return; // the whole block: n_used is the same for all its threads
+    float qr[DPL], acc[DPL], m = -INFINITY, l = 0.0f;
+    const float *qh = q + ((int64_t)t * n_head + h) * HD + lane * DPL;
 #pragma unroll
-    for (int gg = 0; gg < G; gg++) {
-        const float *qh = q + ((int64_t)t * n_head + h0 + gg) * HD + lane * DPL;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            qr[gg][i] = qh[i];
-            acc[gg][i] = 0.0f;
-        }
-        m[gg] = -INFINITY;
-        l[gg] = 0.0f;
+    for (int i = 0; i < DPL; i++) {
+        qr[i] = qh[i];
+        acc[i] = 0.0f;
     }
     // Warp w takes slots j0 .. j0 + U-1 with j0 = k0 + w*U, k0 + w*U + TILE, ...; the first is
     // always < k1, so the step's max is finite; slots >= k1 score -inf (weight 0).
@@ -145,76 +231,41 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
     const int my_u = mi_attn_slot<U>(lane);
     for (int j0 = k0 + warp * U; j0 < k1; j0 += TILE) {
         float kf[U][DPL], vf[U][DPL];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int j = min(j0 + u, k1 - 1);
-            mi_ld_halves<DPL>(kc + (int64_t)j * kvd + g * HD + lane * DPL, kf[u]);
-            mi_ld_halves<DPL>(vc + (int64_t)j * kvd + g * HD + lane * DPL, vf[u]);
-        }
-#pragma unroll
-        for (int gg = 0; gg < G; gg++) {
-            float sc[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                float d = 0.0f;
-#pragma unroll
-                for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[gg][i], kf[u][i]));
-                sc[u] = d;
-            }
-            const float dot = mi_attn_reduce<U>(sc, lane); // every lane: the shuffles need the full warp
-            const float sv = j0 + my_u < k1 ? __fmul_rn(dot, scale) : -INFINITY;
-            const float mx = fmaxf(m[gg], mi_attn_slots_max<U>(sv));
-            const float corr = expf(m[gg] - mx); // 0 on the first step (m = -inf)
-            const float p = expf(sv - mx);       // 0 for masked slots
-            l[gg] = __fadd_rn(__fmul_rn(l[gg], corr), mi_attn_slots_sum<U>(p));
-            float pu[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) pu[u] = __shfl_sync(MI_FULL_MASK, p, mi_attn_lane<U>(u));
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                float a = __fmul_rn(acc[gg][i], corr);
-#pragma unroll
-                for (int u = 0; u < U; u++) a = __fadd_rn(a, __fmul_rn(pu[u], vf[u][i]));
-                acc[gg][i] = a;
-            }
-            m[gg] = mx;
-        }
+        mi_attn_load<DPL, U>(kc, vc, j0, k1, kvd, g, lane, kf, vf);
+        mi_attn_step<DPL, U>(qr, kf, vf, j0, k1, my_u, scale, lane, m, l, acc);
     }
     // Warps -> this split's partial [M, L, acc[HD]] per query head: warp weights e = exp(m_w - M)
     // once per (warp, head), then the warps summed in order.
-    __shared__ float sm_m[MI_ATTN_WARPS][G], sm_l[MI_ATTN_WARPS][G], sm_e[MI_ATTN_WARPS][G], sm_M[G];
-    __shared__ float sm_acc[MI_ATTN_WARPS][G][HD];
-#pragma unroll
-    for (int gg = 0; gg < G; gg++) {
-        if (lane == 0) {
-            sm_m[warp][gg] = m[gg];
-            sm_l[warp][gg] = l[gg];
-        }
-#pragma unroll
-        for (int i = 0; i < DPL; i++) sm_acc[warp][gg][lane * DPL + i] = acc[gg][i];
+    __shared__ float sm_m[G][MI_ATTN_WARPS], sm_l[G][MI_ATTN_WARPS], sm_e[G][MI_ATTN_WARPS], sm_M[G];
+    __shared__ float sm_acc[G][MI_ATTN_WARPS][HD];
+    if (lane == 0) {
+        sm_m[gg][warp] = m;
+        sm_l[gg][warp] = l;
     }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) sm_acc[gg][warp][lane * DPL + i] = acc[i];
     __syncthreads();
     if (threadIdx.x < MI_ATTN_WARPS * G) {
-        const int gg = threadIdx.x / MI_ATTN_WARPS, w = threadIdx.x % MI_ATTN_WARPS;
+        const int hh = threadIdx.x / MI_ATTN_WARPS, w = threadIdx.x % MI_ATTN_WARPS;
         float M = -INFINITY;
 #pragma unroll
-        for (int v = 0; v < MI_ATTN_WARPS; v++) M = fmaxf(M, sm_m[v][gg]);
-        sm_e[w][gg] = sm_m[w][gg] == -INFINITY ? 0.0f : expf(sm_m[w][gg] - M); // a warp with no slot adds 0
-        if (w == 0) sm_M[gg] = M;
+        for (int v = 0; v < MI_ATTN_WARPS; v++) M = fmaxf(M, sm_m[hh][v]);
+        sm_e[hh][w] = sm_m[hh][w] == -INFINITY ? 0.0f : expf(sm_m[hh][w] - M); // a warp with no slot adds 0
+        if (w == 0) sm_M[hh] = M;
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * HD; idx += MI_ATTN_THREADS) {
-        const int gg = idx / HD, dd = idx % HD;
+    for (int idx = threadIdx.x; idx < G * HD; idx += NTH) {
+        const int hh = idx / HD, dd = idx % HD;
         float a = 0.0f;
 #pragma unroll
-        for (int w = 0; w < MI_ATTN_WARPS; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][gg][dd], sm_e[w][gg]));
-        float *out = part + (((int64_t)t * n_head + h0 + gg) * MI_ATTN_SPLITS + s) * (HD + 2);
+        for (int w = 0; w < MI_ATTN_WARPS; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[hh][w][dd], sm_e[hh][w]));
+        float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
         out[2 + dd] = a;
         if (dd == 0) {
             float L = 0.0f;
 #pragma unroll
-            for (int w = 0; w < MI_ATTN_WARPS; w++) L = __fadd_rn(L, __fmul_rn(sm_l[w][gg], sm_e[w][gg]));
-            out[0] = sm_M[gg];
+            for (int w = 0; w < MI_ATTN_WARPS; w++) L = __fadd_rn(L, __fmul_rn(sm_l[hh][w], sm_e[hh][w]));
+            out[0] = sm_M[hh];
             out[1] = L;
         }
     }
@@ -230,36 +281,8 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // One warp per query head; lane i holds splits i and i + 32 (n_used <= 64) for the max and the
-    // denominator; the output dims are 32c + lane (c < DPL), one q8a block per c.
-    const int qd = n_head * HD;
-    for (int gg = warp; gg < G; gg += MI_ATTN_WARPS) {
-        const int h = h0 + gg;
-        const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
-        const float m0 = lane < n_used ? __ldcg(p + lane * (HD + 2)) : -INFINITY;
-        const float m1 = lane + 32 < n_used ? __ldcg(p + (lane + 32) * (HD + 2)) : -INFINITY;
-        const float l0 = lane < n_used ? __ldcg(p + lane * (HD + 2) + 1) : 0.0f;
-        const float l1 = lane + 32 < n_used ? __ldcg(p + (lane + 32) * (HD + 2) + 1) : 0.0f;
-        const float PM = mi_warp_max(fmaxf(m0, m1));
-        const float e0 = lane < n_used ? expf(m0 - PM) : 0.0f, e1 = lane + 32 < n_used ? expf(m1 - PM) : 0.0f;
-        const float PL = mi_warp_sum(__fadd_rn(__fmul_rn(l0, e0), __fmul_rn(l1, e1)));
-        float A[DPL];
-#pragma unroll
-        for (int c = 0; c < DPL; c++) A[c] = 0.0f;
-#pragma unroll 8
-        for (int i = 0; i < n_used; i++) {
-            const float e = __shfl_sync(MI_FULL_MASK, i < 32 ? e0 : e1, i & 31);
-#pragma unroll
-            for (int c = 0; c < DPL; c++) A[c] = __fadd_rn(A[c], __fmul_rn(__ldcg(p + i * (HD + 2) + 2 + 32 * c + lane), e));
-        }
-        const float r = __frcp_rn(PL);
-#pragma unroll
-        for (int c = 0; c < DPL; c++) {
-            const float o = __fmul_rn(A[c], r);
-            att[(int64_t)t * qd + h * HD + 32 * c + lane] = o;
-            mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + h * (HD / 32) + c, lane);
-        }
-    }
+    const int wi = threadIdx.x / 32; // one warp per query head
+    if (wi < G) mi_attn_merge<DPL>(part, t, h0 + wi, n_head, n_used, att, xq, lane);
 }
 
 struct mi_attn_args {
@@ -277,19 +300,16 @@ struct mi_attn_args {
 
 template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cudaStream_t s) {
     const dim3 grid(G > 1 ? a.n_head_kv : a.n_head, a.nt, a.max_splits);
-    return mi_launch(mi_attn_kernel<DPL, G>, grid, MI_ATTN_THREADS, s, a.q, a.kc, a.vc, a.pos, a.n_head, a.n_head_kv,
+    return mi_launch(mi_attn_kernel<DPL, G>, grid, G * MI_ATTN_THREADS, s, a.q, a.kc, a.vc, a.pos, a.n_head, a.n_head_kv,
                      a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq);
 }
 
-// a.group: one block per KV head's query group (grouped instances exist for head_dim 64 and 128
-// and groups up to 8, to bound compile time), else one block per query head (the default). Both
-// compute every head with the same operations in the same order (bitwise equal, tested), so this
-// is a speed choice only. On the H200 per-head blocks won at nt = 1 (1.5B shape: attention 0.14 vs
-// 0.29 ms a token at depth 300, 0.35 vs 0.56 at 4096; bench/skip_profile.py): a grouped warp
-// runs its G heads one after another, which costs more than re-reading K/V from L2.
+// a.group: one block per KV head's query group (instances for head_dim 64 and 128 and groups up
+// to 8, to bound compile time), else one block per query head (the default). Same bits either way
+// (tested), so this is a speed choice only: see docs/perf.md (session 5) for where each wins.
 template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStream_t s) {
     if constexpr (DPL == 2 || DPL == 4) {
-        switch (a.group ? a.n_head / a.n_head_kv : 1) {
+        switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
         case 3: return mi_attn_launch<DPL, 3>(a, s);
         case 4: return mi_attn_launch<DPL, 4>(a, s);

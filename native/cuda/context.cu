@@ -59,7 +59,7 @@ struct mi_cuda_ctx {
     unsigned skip;
     // Attention A/B settings, read once here so that every forward of the context (graphed or
     // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..64, default 64)
-    // and MI_CUDA_ATTN_GROUP=1 (grouped blocks, same bits).
+    // and MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group, same bits; attention.cu).
     int attn_splits, attn_group;
     float *amax_v;         // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (value)
     int32_t *amax_i;       // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (index)
@@ -374,7 +374,11 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_SPLITS=%s: want 1..%d", ae, MI_ATTN_SPLITS);
     }
     const char *ge = getenv("MI_CUDA_ATTN_GROUP");
-    c->attn_group = ge && ge[0] == '1';
+    c->attn_group = ge && strcmp(ge, "1") == 0;
+    if (ge && ge[0] && strcmp(ge, "0") != 0 && !c->attn_group) {
+        free(c);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_GROUP=%s: want 0 or 1", ge);
+    }
     if (mi_parse_skip(getenv("MI_CUDA_SKIP"), &c->skip)) {
         free(c);
         return MI_ERR_ARG;
