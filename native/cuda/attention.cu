@@ -104,23 +104,20 @@ template <int DPL, int U>
 __device__ __forceinline__ void mi_attn_step(const float (&qr)[DPL], const float (&kf)[U][DPL], const float (&vf)[U][DPL],
                                              int j0, int k1, int my_u, float scale, int lane, float &m, float &l,
                                              float (&acc)[DPL]) {
-    // Explicit fmaf and __expf (ex2.approx): fewer instructions than separate rounded multiply and
-    // add and the full-range expf, and as deterministic (attention at long context is bound by
-    // instruction issue: docs/perf.md, session 5).
     float sc[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
         float d = 0.0f;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) d = fmaf(qr[i], kf[u][i], d);
+        for (int i = 0; i < DPL; i++) d = __fadd_rn(d, __fmul_rn(qr[i], kf[u][i]));
         sc[u] = d;
     }
     const float dot = mi_attn_reduce<U>(sc, lane); // every lane: the shuffles need the full warp
     const float sv = j0 + my_u < k1 ? __fmul_rn(dot, scale) : -INFINITY;
     const float mx = fmaxf(m, mi_attn_slots_max<U>(sv));
-    const float corr = __expf(m - mx); // 0 on the first step (m = -inf)
-    const float p = __expf(sv - mx);   // 0 for masked slots
-    l = fmaf(l, corr, mi_attn_slots_sum<U>(p));
+    const float corr = expf(m - mx); // 0 on the first step (m = -inf)
+    const float p = expf(sv - mx);   // 0 for masked slots
+    l = __fadd_rn(__fmul_rn(l, corr), mi_attn_slots_sum<U>(p));
     float pu[U];
 #pragma unroll
     for (int u = 0; u < U; u++) pu[u] = __shfl_sync(MI_FULL_MASK, p, mi_attn_lane<U>(u));
@@ -128,7 +125,7 @@ __device__ __forceinline__ void mi_attn_step(const float (&qr)[DPL], const float
     for (int i = 0; i < DPL; i++) {
         float a = __fmul_rn(acc[i], corr);
 #pragma unroll
-        for (int u = 0; u < U; u++) a = fmaf(pu[u], vf[u][i], a);
+        for (int u = 0; u < U; u++) a = __fadd_rn(a, __fmul_rn(pu[u], vf[u][i]));
         acc[i] = a;
     }
     m = mx;
