@@ -18,45 +18,11 @@ import time
 
 import numpy as np
 
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14
-# type: (elements per block, bytes per block, byte offsets of f16 scale fields, rms of the integer
-# factor multiplying d, with random bytes in every other field)
-TYPES = {
-    Q4_0: (32, 18, (0,), 4.6),
-    Q4_1: (32, 20, (0, 2), 8.8),
-    Q5_0: (32, 22, (0,), 9.2),
-    Q5_1: (32, 24, (0, 2), 18.0),
-    Q8_0: (32, 34, (0,), 74.0),
-    Q4_K: (256, 144, (0, 2), 300.0),
-    Q5_K: (256, 176, (0, 2), 600.0),
-    Q6_K: (256, 210, (208,), 1300.0),
-}
+from pyminfer.synthetic import (  # noqa: F401  (re-exported: tests/test_cuda.py builds its models here)
+    F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, SHAPES, TYPES, random_weights, row_bytes)
+
 NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
          Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
-
-
-def row_bytes(typ: int, n_cols: int) -> int:
-    if typ == F32:
-        return 4 * n_cols
-    if typ == F16:
-        return 2 * n_cols
-    be, bb, _, _ = TYPES[typ]
-    return n_cols // be * bb
-
-
-def random_weights(rng: np.random.Generator, typ: int, n_rows: int, n_cols: int, gain: float = 1.0) -> np.ndarray:
-    """Random valid bytes of a [n_rows, n_cols] tensor of ``typ`` (uint8, C-contiguous)."""
-    target = gain / np.sqrt(n_cols)
-    if typ in (F32, F16):
-        w = (rng.standard_normal(n_rows * n_cols) * target).astype(np.float32 if typ == F32 else np.float16)
-        return w.view(np.uint8)
-    be, bb, f16_offs, mag = TYPES[typ]
-    nb = n_rows * n_cols // be
-    raw = np.frombuffer(rng.bytes(nb * bb), dtype=np.uint8).reshape(nb, bb).copy()
-    for off in f16_offs:
-        d = (rng.uniform(0.5, 1.5, nb) * target / mag).astype(np.float16)
-        raw[:, off:off + 2] = d.view(np.uint8).reshape(nb, 2)
-    return raw.reshape(-1)
 
 
 def f32(rng: np.random.Generator, n: int, mean: float = 0.0, std: float = 1.0) -> np.ndarray:
@@ -128,12 +94,6 @@ def qwen05_types(n_layer):
     return dict(embd=Q8_0, output=Q8_0, q=Q5_0, k=Q5_0, v=Q8_0, o=Q5_0, gate=Q5_0, up=Q5_0, down=half)
 
 
-SHAPES = {
-    "0.5b": dict(n_layer=24, n_embd=896, n_ff=4864, n_head=14, n_head_kv=2, head_dim=64, n_vocab=151936),
-    "1.5b": dict(n_layer=28, n_embd=1536, n_ff=8960, n_head=12, n_head_kv=2, head_dim=128, n_vocab=151936),
-    "7b": dict(n_layer=28, n_embd=3584, n_ff=18944, n_head=28, n_head_kv=4, head_dim=128, n_vocab=152064),
-    "14b": dict(n_layer=48, n_embd=5120, n_ff=13824, n_head=40, n_head_kv=8, head_dim=128, n_vocab=152064),
-}
 
 
 def types_for(name):

@@ -1,4 +1,4 @@
-"""The ``pyminfer`` command: run, tokenize, bench, chat, serve.
+"""The ``pyminfer`` command: run, tokenize, bench, chat, serve, synth.
 
 ``run`` streams only the generated text to stdout; load time and prefill/decode speed go to
 stderr (``--json`` prints one JSON object instead).
@@ -139,6 +139,32 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_synth(args: argparse.Namespace) -> int:
+    from .models import resolve_model
+    from .synthetic import write_synthetic_gguf
+
+    src = resolve_model(args.tokenizer_from)
+    bar = None
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, unit="B", unit_scale=True, desc=f"synth {args.shape}", disable=args.quiet)
+    except ImportError:  # tqdm is a dependency; a missing one only loses the progress bar
+        pass
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+    n = write_synthetic_gguf(args.output, args.shape, src, seed=args.seed, n_layer=args.n_layer, progress=progress)
+    if bar is not None:
+        bar.close()
+    print(f"wrote {args.output}: qwen2.5-{args.shape} shape, Q4_K_M mix, {n / 2**30:.2f} GiB of random weights "
+          f"(tokenizer from {src.name})", file=sys.stderr)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import main_bench
 
@@ -204,6 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-n", "--n-predict", type=int, default=1024)
     c.add_argument("--system", default=None, help="system message")
     c.set_defaults(func=cmd_chat)
+
+    y = sub.add_parser("synth", help="write a GGUF with random weights in a Qwen2.5 shape and Q4_K_M mix "
+                                     "(benchmarks of sizes that cannot be carried)")
+    y.add_argument("--shape", required=True, choices=["1.5b", "7b", "14b"])
+    y.add_argument("-o", "--output", required=True, help="GGUF file to write")
+    y.add_argument("--tokenizer-from", default=None, metavar="MODEL",
+                   help="GGUF (or known model name) whose tokenizer to copy (default: qwen2.5-coder-0.5b)")
+    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--n-layer", type=int, default=None, help="fewer layers than the shape's (tests)")
+    y.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    y.set_defaults(func=cmd_synth)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     _add_model_args(s)
