@@ -6,6 +6,8 @@
 #   device: for each chunk, copy it alone into .carry/ and call `bash bench/gpu_real.sh add`
 #           (carry [".carry"]; golden JSON files may ride along in .carry/golden/)
 #           then `bash bench/gpu_real.sh run [pytest args]`
+#   SYNTH=7b,14b: also write those synthetic shapes there (`pyminfer synth`, 20-40 s each, the
+#   tokenizer from the carried 0.5B) and bench them as files: tg128 / pp512 and the verify curve.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 M=/tmp/models
@@ -49,3 +51,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     python3 -m pyminfer bench -m "$T" --spec-draft "$D" $mode -n 256 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
   done
 fi
+for shape in ${SYNTH//,/ }; do
+  S=/tmp/synth-$shape.gguf
+  [ -f "$S" ] || python3 -m pyminfer synth --shape "$shape" -o "$S" -q --tokenizer-from "$M/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" || exit 1
+  python3 -m pyminfer bench -m "$S" -p 512 -n 128 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_synth.log"
+  python3 -m pyminfer bench -m "$S" --verify-curve --device cuda 2>&1 | tee -a "$OUT/bench_synth.log"
+done
