@@ -132,6 +132,8 @@ def bench_spec(target: Model, draft: Model, args: argparse.Namespace) -> list[di
         rows.append({"prompt": cat, "text": text[:40], "seq_tok_s": statistics.median(seq),
                      "spec_tok_s": statistics.median(spec), "speedup": statistics.median(spec) / statistics.median(seq),
                      "acceptance": st["acceptance_rate"], "tokens_per_round": st["tokens_per_round"], "mean_depth": dm,
+                     # rounds per depth of the last repetition, "d:rounds" (which depths adaptive ran)
+                     "depths": " ".join(f"{d}:{c}" for d, c in enumerate(st["depth_counts"]) if c),
                      "predicted_spec_tok_s": pred, "C_T1_ms": ct[1] * 1e3, "C_D1_ms": cd * 1e3})
     return rows
 

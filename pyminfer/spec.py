@@ -316,8 +316,9 @@ class SpecDecoder:
 
     def spec_stats(self) -> dict[str, Any]:
         """Rounds, drafted/accepted counts (total and per draft position), acceptance, mean
-        accepted length, tokens per round, draft and verify seconds, depths used. Counts cover
-        whole rounds, including tokens of the last round the caller did not consume."""
+        accepted length, tokens per round, draft and verify seconds, depths used (mean, and rounds
+        per depth 0..7). Counts cover whole rounds, including tokens of the last round the caller
+        did not consume."""
         drafted = int(self.drafted_at.sum())
         accepted = int(self.accepted_at.sum())
         n = max(len(self.depths), 1)
@@ -336,6 +337,7 @@ class SpecDecoder:
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "mean_depth": float(sum(self.depths) / n) if self.depths else 0.0,
+            "depth_counts": [self.depths.count(d) for d in range(MAX_DEPTH + 1)],  # rounds run at d = 0..7
             "adaptive": self.adaptive is not None,
             "draft_n_past": self.draft_n_past,
         }

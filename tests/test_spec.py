@@ -102,6 +102,9 @@ def test_stats(smol, smol_draft):
     assert sum(s["drafted_per_position"]) == s["drafted"] and sum(s["accepted_per_position"]) == s["accepted"]
     assert s["drafted_per_position"][0] >= s["rounds"] - 1
     assert 1.0 <= s["tokens_per_round"] <= 4.0
+    # rounds per depth: all at d = 3 but the last few, clamped to the tokens still wanted
+    assert sum(s["depth_counts"]) == s["rounds"] and s["depth_counts"][3] >= s["rounds"] - 3
+    assert s["depth_counts"][4:] == [0] * 4
 
 
 def test_bad_depth(smol, smol_draft):
