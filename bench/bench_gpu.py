@@ -82,7 +82,9 @@ def synthetic_model(rng, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_v
 
 
 def qwen_types(n_layer):
-    """Q4_K_M-like mix: Q4_K, with Q6_K for output, attn_v and ffn_down on half the layers."""
+    """Q4_K_M-like mix: Q4_K, with Q6_K for output, attn_v and ffn_down on half the layers (the even
+    ones: the same bytes as pyminfer.synthetic's real-file layers; kept so the GPU test models stay
+    as verified; the embedding is Q6_K here, Q4_K in the real files: one row is read a token)."""
     half = [Q6_K if i % 2 == 0 else Q4_K for i in range(n_layer)]
     return dict(embd=Q6_K, output=Q6_K, q=Q4_K, k=Q4_K, v=half, o=Q4_K, gate=Q4_K, up=Q4_K, down=half)
 
@@ -92,8 +94,6 @@ def qwen05_types(n_layer):
     LM head); ffn_down (4864 columns) is Q6_K / Q4_K."""
     half = [Q6_K if i % 2 == 0 else Q4_K for i in range(n_layer)]
     return dict(embd=Q8_0, output=Q8_0, q=Q5_0, k=Q5_0, v=Q8_0, o=Q5_0, gate=Q5_0, up=Q5_0, down=half)
-
-
 
 
 def types_for(name):

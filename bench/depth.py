@@ -27,6 +27,8 @@ def main() -> None:
     ap.add_argument("--env", default="", metavar="VAR=V1,V2", help="values to compare (default: none)")
     ap.add_argument("--reps", type=int, default=100)
     args = ap.parse_args()
+    if args.env and ("=" not in args.env or not args.env.split("=", 1)[1]):
+        ap.error(f"--env wants VAR=V1,V2,..., got {args.env!r}")
     depths = [int(x) for x in args.depths.split(",")]
     var, vals = (args.env.split("=", 1)[0], args.env.split("=", 1)[1].split(",")) if args.env else ("", [""])
     print("device:", _core.cuda_device_name())

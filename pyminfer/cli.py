@@ -157,9 +157,11 @@ def cmd_synth(args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(done - bar.n)
 
-    n = write_synthetic_gguf(args.output, args.shape, src, seed=args.seed, n_layer=args.n_layer, progress=progress)
-    if bar is not None:
-        bar.close()
+    try:
+        n = write_synthetic_gguf(args.output, args.shape, src, seed=args.seed, n_layer=args.n_layer, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
     print(f"wrote {args.output}: qwen2.5-{args.shape} shape, Q4_K_M mix, {n / 2**30:.2f} GiB of random weights "
           f"(tokenizer from {src.name})", file=sys.stderr)
     return 0
@@ -259,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (ValueError, FileNotFoundError, RuntimeError, MemoryError, KeyError) as e:
         print(f"pyminfer: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # unreadable input, unwritable output, full disk
+        print(f"pyminfer: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         return 1
 
 

@@ -8,16 +8,16 @@ gains are those of the synthetic benchmark, bench/bench_gpu.py). Block layouts: 
 (ggml-common.h); where the f16 scale sits in each block is in ``TYPES``.
 
 Quant mix (llama.cpp's Q4_K_M, llama-quant.cpp): Q4_K everywhere (token_embd included), Q6_K for
-output.weight and, on half of the layers, attn_v and ffn_down. For the 1.5B the Q6_K layers are
-the real file's; for other depths the classic rule "more bits" (first and last eighth of the
-layers, every third one between), which also gives half of the 28 layers.
+output.weight and, on half of the layers, attn_v and ffn_down. At 28 layers (1.5B, 7B) the Q6_K
+layers are the real 1.5B file's; at other depths (14B; fewer layers for tests) the classic rule
+"more bits" (first and last eighth of the layers, every third one between), also half of them.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -119,15 +119,20 @@ def write_synthetic_gguf(path: str | os.PathLike[str], shape: str | dict[str, in
     """Write a qwen2 GGUF with random weights: ``shape`` a name of GGUF_SHAPES ("1.5b", "7b", "14b")
     or a dict with the keys of SHAPES' entries (tests: small dims; n_embd and n_ff multiples of 256).
 
-    The tokenizer metadata (``tokenizer.*``) is copied from the GGUF ``tokenizer_from`` (a Qwen2.5
-    file: all sizes share one tokenizer); its token list is padded with ``[PAD<i>]`` tokens (type
-    UNUSED, as llama.cpp's converter pads Qwen2.5-7B/14B) up to the shape's n_vocab.
-    ``n_layer``: fewer layers than the shape's (tests). ``progress(done_bytes, total_bytes)`` is
-    called after each tensor. Returns the bytes of tensor data written; tensors are generated and
-    written one at a time, so memory peaks near twice the largest tensor, the LM head (measured:
-    0.97 GB for the 7B, whose 4.68 GB file takes ~20 s on the project's 2-core machine).
-    Raises ValueError for an unknown shape, a bad n_layer, or a tokenizer_from whose vocabulary
-    is larger than the shape's or not byte-level BPE; FileNotFoundError; OSError on write errors.
+    The tokenizer metadata (``tokenizer.*``) is copied from the GGUF ``tokenizer_from``, a Qwen2
+    vocabulary (``tokenizer.ggml.pre`` "qwen2": all Qwen2.5 sizes share it); its token list is
+    padded with ``[PAD<i>]`` tokens (type UNUSED, as llama.cpp's converter pads Qwen2.5-7B/14B) up
+    to the shape's n_vocab. ``n_layer``: fewer layers than the shape's (tests).
+    ``progress(done_bytes, total_bytes)`` is called after each tensor. The file is written under a
+    temporary name beside ``path`` and renamed into place when complete, so an interrupted run
+    leaves no truncated model (and an existing ``path`` intact). Returns the bytes of tensor data
+    written; tensors are generated and written one at a time, so memory peaks near twice the
+    largest tensor, the LM head (measured: 0.97 GB for the 7B, whose 4.68 GB file takes ~20 s on
+    the project's 2-core machine).
+    Raises ValueError for an unknown shape, a bad n_layer, a negative seed, ``path`` naming the
+    tokenizer source, or a tokenizer_from that is not a Qwen2 byte-level BPE vocabulary or has more
+    tokens than the shape's n_vocab; FileNotFoundError for a missing tokenizer_from; OSError when
+    the file cannot be written.
     """
     import gguf
 
@@ -146,11 +151,23 @@ def write_synthetic_gguf(path: str | os.PathLike[str], shape: str | dict[str, in
         if not 1 <= n_layer <= shape["n_layer"]:
             raise ValueError(f"n_layer must be in 1..{shape['n_layer']}")
         shape["n_layer"] = n_layer
-    if not Path(tokenizer_from).exists():
-        raise FileNotFoundError(f"tokenizer source not found: {tokenizer_from}")
-    meta = read_gguf_tokenizer_metadata(tokenizer_from)
-    if meta.get("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"{tokenizer_from}: not a byte-level BPE (gpt2) tokenizer")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    src, out = Path(tokenizer_from), Path(path)
+    if not src.is_file():
+        raise FileNotFoundError(f"tokenizer source not found (or not a file): {src}")
+    if out.exists() and not out.is_file():  # a directory, a device: never replaced by the rename below
+        raise ValueError(f"{out} exists and is not a regular file")
+    if out.is_symlink():
+        out = out.resolve()  # replace the file it points to, not the link
+    if out.exists() and out.resolve() == src.resolve():
+        raise ValueError(f"{out}: the output would overwrite the tokenizer source")
+    meta = read_gguf_tokenizer_metadata(src)
+    if meta.get("tokenizer.ggml.model") != "gpt2" or meta.get("tokenizer.ggml.pre") != "qwen2" \
+            or "tokenizer.ggml.tokens" not in meta:
+        raise ValueError(f"{src}: not a Qwen2 vocabulary (tokenizer.ggml.model 'gpt2' and pre 'qwen2' with a "
+                         f"token list are needed; found {meta.get('tokenizer.ggml.model')!r} / "
+                         f"{meta.get('tokenizer.ggml.pre')!r})")
     tokens = list(meta["tokenizer.ggml.tokens"])
     V = shape["n_vocab"]
     if len(tokens) > V:
@@ -160,6 +177,18 @@ def write_synthetic_gguf(path: str | os.PathLike[str], shape: str | dict[str, in
     tokens += [f"[PAD{i}]" for i in range(len(tokens), V)]
     types += [int(gguf.TokenType.UNUSED)] * pad
 
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        n = _write(tmp, gguf, shape, label, seed, tokens, types, meta, progress)
+        os.replace(tmp, out)
+    except BaseException:  # KeyboardInterrupt too: never leave a truncated model behind
+        tmp.unlink(missing_ok=True)
+        raise
+    return n
+
+
+def _write(path: Path, gguf: Any, shape: dict[str, int], label: str, seed: int, tokens: list[str], types: list[int],
+           meta: dict[str, Any], progress: Callable[[int, int], None] | None) -> int:
     w = gguf.GGUFWriter(path, "qwen2")
     w.add_name(f"pyminfer synthetic {label} Q4_K_M (random weights, seed {seed})")
     w.add_block_count(shape["n_layer"])
@@ -172,7 +201,8 @@ def write_synthetic_gguf(path: str | os.PathLike[str], shape: str | dict[str, in
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(str(meta.get("tokenizer.ggml.pre", "qwen2")))
+    w.add_tokenizer_pre("qwen2")
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_token_list(tokens)
     w.add_token_types(types)
     if "tokenizer.ggml.merges" in meta:

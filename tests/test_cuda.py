@@ -414,6 +414,9 @@ ATTN_SHAPES = {
     "g6_hd128": dict(n_head=12, n_head_kv=2, head_dim=128),
     "g7_hd64": dict(n_head=14, n_head_kv=2, head_dim=64),
     "g8_hd64": dict(n_head=16, n_head_kv=2, head_dim=64),
+    "g5_hd128": dict(n_head=10, n_head_kv=2, head_dim=128),  # the 14B's group
+    "g7_hd128": dict(n_head=14, n_head_kv=2, head_dim=128),  # the 7B's group
+    "g8_hd128": dict(n_head=16, n_head_kv=2, head_dim=128),  # 1024 threads a grouped block
     "per_head_hd96": dict(n_head=6, n_head_kv=2, head_dim=96),
     "per_head_g16": dict(n_head=32, n_head_kv=2, head_dim=64),
     "mha_hd256": dict(n_head=2, n_head_kv=2, head_dim=256),
@@ -446,7 +449,8 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
     assert nmse(lb, lc) < 1e-5, nmse(lb, lc)
 
 
-@pytest.mark.parametrize("shape", ["g2_hd64", "g4_hd128", "g6_hd128", "g7_hd64", "g8_hd64"])
+@pytest.mark.parametrize("shape", ["g2_hd64", "g4_hd128", "g6_hd128", "g7_hd64", "g8_hd64", "g5_hd128", "g7_hd128",
+                                   "g8_hd128"])
 def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
     """MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group) is a speed choice only."""
     F = bg.F32

@@ -65,6 +65,30 @@ def test_bad_arguments_are_refused(tmp_path, qwen05_path):
         syn.write_synthetic_gguf(tmp_path / "x.gguf", dict(SMALL, n_vocab=1024), qwen05_path)
     with pytest.raises(FileNotFoundError):
         syn.write_synthetic_gguf(tmp_path / "x.gguf", SMALL, tmp_path / "missing.gguf")
+    with pytest.raises(ValueError, match="seed"):
+        syn.write_synthetic_gguf(tmp_path / "x.gguf", SMALL, qwen05_path, seed=-1)
+    with pytest.raises(ValueError, match="not a regular file"):
+        syn.write_synthetic_gguf(tmp_path, SMALL, qwen05_path)
+    with pytest.raises(ValueError, match="overwrite the tokenizer source"):
+        syn.write_synthetic_gguf(qwen05_path, SMALL, qwen05_path)
+    assert not list(tmp_path.iterdir())  # nothing written by a refused call
+
+
+def test_not_a_qwen2_vocabulary_is_refused(tmp_path, smol_path):
+    with pytest.raises(ValueError, match="not a Qwen2 vocabulary"):
+        syn.write_synthetic_gguf(tmp_path / "x.gguf", SMALL, smol_path)
+
+
+def test_interrupted_write_leaves_the_old_file_and_no_partial(tmp_path, qwen05_path):
+    p = tmp_path / "m.gguf"
+    p.write_bytes(b"old")
+
+    def stop(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        syn.write_synthetic_gguf(p, SMALL, qwen05_path, progress=stop)
+    assert p.read_bytes() == b"old" and sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]
 
 
 def test_cli_synth(tmp_path, qwen05_path, capsys):
@@ -77,7 +101,7 @@ def test_cli_synth(tmp_path, qwen05_path, capsys):
     assert "qwen2.5-1.5b shape" in capsys.readouterr().err
     g = GGUFModel(out)
     assert g.config.n_layer == 1 and g.config.n_embd == 1536 and g.config.n_vocab == 151936
-    assert g.tensors["blk.0.ffn_down.weight"][1] == syn.Q6_K  # layer 0 has more bits in the real file
+    assert g.tensors["blk.0.ffn_down.weight"][1] == syn.Q6_K  # q4_k_m_more_bits(1) == [True]
     assert main(["synth", "--shape", "1.5b", "--n-layer", "0", "-o", str(out), "-q",
                  "--tokenizer-from", str(qwen05_path)]) == 1
 

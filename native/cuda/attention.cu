@@ -99,7 +99,7 @@ template <int U> __device__ __forceinline__ float mi_attn_slots_sum(float v) {
 // One step of a warp's online softmax for one query head over U slots j0 .. j0+U-1 (slots >= k1
 // masked): K/V rows in kf/vf (this lane's DPL dims), running max m, denominator l and output acc.
 // Lane l ends the score reduction holding slot my_u = mi_attn_slot<U>(l). Per-head and grouped
-// blocks both run their slots through this, so a row's bits depend on which slots a step takes.
+// blocks both run their slots through this, so a row's bits depend only on which slots a step takes.
 template <int DPL, int U>
 __device__ __forceinline__ void mi_attn_step(const float (&qr)[DPL], const float (&kf)[U][DPL], const float (&vf)[U][DPL],
                                              int j0, int k1, int my_u, float scale, int lane, float &m, float &l,
