@@ -22,6 +22,7 @@ largest d whose verify batch is bitwise on every backend: nt = d + 1 <= 8).
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections import deque
@@ -203,6 +204,21 @@ class AdaptiveDepth:
             self.rej[i] = self.rej[i] * self.decay + (0.0 if ok else 1.0)
 
 
+def adaptive_hysteresis() -> float:
+    """The adaptive controller's switch margin: PYMINFER_ADAPTIVE_HYSTERESIS (a fraction in [0, 1),
+    a tuning knob for A/B runs) or 0.05. Raises ValueError for a malformed value."""
+    v = os.environ.get("PYMINFER_ADAPTIVE_HYSTERESIS")
+    if v is None or v == "":
+        return 0.05
+    try:
+        h = float(v)
+    except ValueError:
+        h = -1.0
+    if not 0.0 <= h < 1.0:
+        raise ValueError(f"PYMINFER_ADAPTIVE_HYSTERESIS={v!r}: want a fraction in [0, 1)")
+    return h
+
+
 class SpecDecoder:
     """Token source for generate_stream: target + draft, fixed or adaptive depth.
 
@@ -219,7 +235,8 @@ class SpecDecoder:
         self.target, self.draft, self.sampler = target, draft, sampler
         self.draft_n = draft_n
         max_d = min(MAX_DEPTH, target.max_nt - 1)  # the verify batch (d + 1 rows) must fit one forward
-        self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1)) if adaptive else None
+        self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1),
+                                      hysteresis=adaptive_hysteresis()) if adaptive else None
         self.stats: dict[str, float] = {}
         self.rounds = 0
         self.drafted_at = np.zeros(MAX_DEPTH + 1, np.int64)  # per draft position (1-based)

@@ -84,3 +84,31 @@ def test_one_slow_round_does_not_lock_out_a_depth(p, slow_round):
     assert got >= 0.97 * best, (p, best, got, used[:30])
     if p < 0.5:
         assert used[-100:].count(0) >= 90
+
+
+def test_hysteresis_knob(monkeypatch):
+    from pyminfer.spec import adaptive_hysteresis
+
+    monkeypatch.delenv("PYMINFER_ADAPTIVE_HYSTERESIS", raising=False)
+    assert adaptive_hysteresis() == 0.05
+    monkeypatch.setenv("PYMINFER_ADAPTIVE_HYSTERESIS", "0.02")
+    assert adaptive_hysteresis() == 0.02
+    for bad in ("x", "-0.1", "1.5", "nan"):
+        monkeypatch.setenv("PYMINFER_ADAPTIVE_HYSTERESIS", bad)
+        with pytest.raises(ValueError, match="PYMINFER_ADAPTIVE_HYSTERESIS"):
+            adaptive_hysteresis()
+
+
+@pytest.mark.parametrize("p", [0.95, 0.9, 0.65])
+def test_lower_hysteresis_still_close_to_best(p, monkeypatch):
+    """The A/B value planned for the H200 (0.02) keeps the simulated bounds."""
+    best = max(simulate(p, d)[0] for d in range(MAX_DEPTH + 1))
+    orig = AdaptiveDepth.__init__
+
+    def init(self, *a, **kw):
+        kw["hysteresis"] = 0.02
+        orig(self, *a, **kw)
+
+    monkeypatch.setattr(AdaptiveDepth, "__init__", init)
+    got, used = simulate(p, None)
+    assert got >= 0.98 * best, (p, best, got, used[-20:])
