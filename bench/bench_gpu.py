@@ -21,8 +21,7 @@ import numpy as np
 from pyminfer.synthetic import (  # noqa: F401  (re-exported: tests/test_cuda.py builds its models here)
     F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, SHAPES, TYPES, random_weights, row_bytes)
 
-NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
-         Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+from pyminfer.gguf_model import SUPPORTED_TYPES as NAMES  # noqa: E402,F401  (type id -> name; tests use it)
 
 
 def f32(rng: np.random.Generator, n: int, mean: float = 0.0, std: float = 1.0) -> np.ndarray:

@@ -7,7 +7,8 @@
 #           (carry [".carry"]; golden JSON files may ride along in .carry/golden/)
 #           then `bash bench/gpu_real.sh run [pytest args]`
 #   SYNTH=7b,14b: also write those synthetic shapes there (`pyminfer synth`, 20-40 s each, the
-#   tokenizer from the carried 0.5B) and bench them as files: tg128 / pp512 and the verify curve.
+#   tokenizer from the carried 0.5B; a file already there from an earlier call is reused: writes
+#   are atomic, so it is complete) and bench them as files: tg128 / pp512 and the verify curve.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 M=/tmp/models

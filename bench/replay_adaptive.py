@@ -88,6 +88,12 @@ def main() -> None:
     ap.add_argument("--tok", type=float, default=0.013, help="host work an emitted token, ms")
     ap.add_argument("--jitter", type=float, default=0.03, help="+- relative noise on GPU costs")
     a = ap.parse_args()
+    try:
+        ok = len([float(x) for x in a.ct.split(",")]) == MAX_DEPTH + 1 and all(0 <= float(h) < 1 for h in a.hysteresis.split(","))
+    except ValueError:
+        ok = False
+    if not ok:
+        ap.error(f"--ct wants {MAX_DEPTH + 1} numbers (ms, nt = 1..{MAX_DEPTH + 1}); --hysteresis fractions in [0, 1)")
     if a.measure:
         measure()
     hs = [float(h) for h in a.hysteresis.split(",")]

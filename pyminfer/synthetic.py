@@ -5,7 +5,7 @@ cannot be carried (``pyminfer synth``; the GPU machine has no network and takes 
 Weights are random *valid* quantized bytes: every field random except the f16 scales, drawn so a
 row's rms is near gain / sqrt(n_cols), which keeps activations finite through every layer (the
 gains are those of the synthetic benchmark, bench/bench_gpu.py). Block layouts: GGML's
-(ggml-common.h); where the f16 scale sits in each block is in ``TYPES``.
+(ggml-common.h; sizes in gguf_model.BLOCK); where the f16 scale sits in each block is in ``TYPES``.
 
 Quant mix (llama.cpp's Q4_K_M, llama-quant.cpp): Q4_K everywhere (token_embd included), Q6_K for
 output.weight and, on half of the layers, attn_v and ffn_down. At 28 layers (1.5B, 7B) the Q6_K
@@ -21,19 +21,21 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .gguf_model import BLOCK
+
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14
 
-# type: (elements per block, bytes per block, byte offsets of f16 scale fields, rms of the integer
-# factor multiplying d, with random bytes in every other field)
+# Quantized type -> (byte offsets of its f16 scale fields in a block, rms of the integer factor
+# multiplying d when every other field is random bytes); block sizes come from gguf_model.BLOCK.
 TYPES = {
-    Q4_0: (32, 18, (0,), 4.6),
-    Q4_1: (32, 20, (0, 2), 8.8),
-    Q5_0: (32, 22, (0,), 9.2),
-    Q5_1: (32, 24, (0, 2), 18.0),
-    Q8_0: (32, 34, (0,), 74.0),
-    Q4_K: (256, 144, (0, 2), 300.0),
-    Q5_K: (256, 176, (0, 2), 600.0),
-    Q6_K: (256, 210, (208,), 1300.0),
+    Q4_0: ((0,), 4.6),
+    Q4_1: ((0, 2), 8.8),
+    Q5_0: ((0,), 9.2),
+    Q5_1: ((0, 2), 18.0),
+    Q8_0: ((0,), 74.0),
+    Q4_K: ((0, 2), 300.0),
+    Q5_K: ((0, 2), 600.0),
+    Q6_K: ((208,), 1300.0),
 }
 
 # Qwen2.5 shapes (config.json of each model; 7B/14B pad the vocabulary to 152,064 rows).
@@ -50,12 +52,9 @@ GGUF_SHAPES = ("1.5b", "7b", "14b")
 
 
 def row_bytes(typ: int, n_cols: int) -> int:
-    """Bytes of one row of n_cols elements of ``typ`` (n_cols a multiple of its block)."""
-    if typ == F32:
-        return 4 * n_cols
-    if typ == F16:
-        return 2 * n_cols
-    be, bb, _, _ = TYPES[typ]
+    """Bytes of one row of n_cols elements of ``typ`` (n_cols a multiple of its block; GGML block
+    sizes, gguf_model.BLOCK). KeyError for a type the core does not support."""
+    be, bb = BLOCK[typ]
     return n_cols // be * bb
 
 
@@ -66,7 +65,8 @@ def random_weights(rng: np.random.Generator, typ: int, n_rows: int, n_cols: int,
     if typ in (F32, F16):
         w = (rng.standard_normal(n_rows * n_cols) * target).astype(np.float32 if typ == F32 else np.float16)
         return w.view(np.uint8)
-    be, bb, f16_offs, mag = TYPES[typ]
+    be, bb = BLOCK[typ]
+    f16_offs, mag = TYPES[typ]
     nb = n_rows * n_cols // be
     raw = np.frombuffer(rng.bytes(nb * bb), dtype=np.uint8).reshape(nb, bb).copy()
     for off in f16_offs:
