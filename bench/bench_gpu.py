@@ -144,6 +144,9 @@ def prefill(ctx, n, nt=64, start=0):
         ctx.forward(np.full(k, 7, dtype=np.int32), np.arange(p0, p0 + k, dtype=np.int32), rows)
 
 
+AB_GPU_NT = (1, 2, 4, 8, 9)  # batch sizes whose graph replay --ab-env times
+
+
 def main():
     from pyminfer import _core
 
@@ -216,6 +219,7 @@ def main():
             ab = {v: [] for v in vals}
             ab8 = {v: [] for v in vals}
             abp = {v: [] for v in vals}
+            abg = {(v, nt): [] for v in vals for nt in AB_GPU_NT}
             old = os.environ.get(var)
             for v in vals * 2:  # interleaved A, B, ..., A, B, ...
                 os.environ[var] = v
@@ -223,6 +227,8 @@ def main():
                 decode_times(c2, 5)
                 ab[v] += decode_times(c2, args.tokens // 2)
                 ab8[v] += decode_times(c2, 10, start_pos=0, nt=8)[2:]
+                for nt in AB_GPU_NT:  # the captured forward alone (C_T(nt) under this value)
+                    abg[v, nt].append(c2.gpu_replay_ms(nt, 100))
                 prefill(c2, 512)
                 t0 = time.perf_counter()
                 prefill(c2, 512)
@@ -239,6 +245,9 @@ def main():
                 rows.append((name, f"A/B nt=8 {var[8:]}={v}", 8 / med8, float("nan"), min(ab8[v]) * 1e3))
                 medp = statistics.median(abp[v])
                 rows.append((name, f"A/B pp512/64 {var[8:]}={v}", 512 / medp, float("nan"), min(abp[v]) * 1e3))
+                for nt in AB_GPU_NT:  # tokens/s of the batch, then its GPU ms
+                    g = statistics.median(abg[v, nt])
+                    rows.append((name, f"A/B GPU nt={nt} {var[8:]}={v}", nt * 1e3 / g, float("nan"), g))
         for r in rows[n_rows0:]:  # as we go, so a run cut short still reports
             print(f"  {r[0]:6} {r[1]:22} {r[2]:10.1f} {r[3]:11.1f} {r[4]:9.3f}", flush=True)
         del keep, tensors

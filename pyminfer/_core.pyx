@@ -207,7 +207,7 @@ cdef class Context:
     def gpu_replay_ms(self, int nt, int reps=100) -> float:
         """GPU milliseconds of one nt-row forward: the captured graph (tokens and positions of the
         last forward) replayed ``reps`` times back to back, timed with CUDA events (no host work
-        in between). Raises NativeError on a CPU context, without graphs or for nt > 8."""
+        in between). Raises NativeError on a CPU context, without graphs or for nt > 9."""
         cdef float ms = 0.0
         cdef int rc
         cdef mi_ctx *c

@@ -60,13 +60,24 @@ __device__ __forceinline__ float mi_ld_f16(const uint8_t *p) { return __half2flo
 
 // One warp quantizes 32 activations (one per lane) to a q8a block exactly as mi_quantize_q8a:
 // d = amax/127, q = round(x/d), s = d*sum(q). Correctly rounded division/reciprocal keep it
-// bitwise equal to the CPU's quantization of the same floats.
+// bitwise equal to the CPU's quantization of the same floats. On sm_80+ the max and the sum are
+// one warp-reduce instruction each instead of five shuffles: a max of non-negative floats is the
+// max of their bit patterns, and an integer sum has no order (exact, so the same bits; only a NaN
+// input differs: it then wins the max instead of being skipped, and the block is NaN either way).
 __device__ __forceinline__ void mi_quant_chunk_warp(float v, mi_block_q8a *out, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const float amax = __uint_as_float(__reduce_max_sync(MI_FULL_MASK, __float_as_uint(fabsf(v))));
+#else
     const float amax = mi_warp_max(fabsf(v));
+#endif
     const float d = __fdiv_rn(amax, 127.0f);
     const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
     const int q = (int)roundf(__fmul_rn(v, id));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int sum = __reduce_add_sync(MI_FULL_MASK, q);
+#else
     const int sum = mi_warp_sum_i(q);
+#endif
     out->qs[lane] = (int8_t)q;
     if (lane == 0) {
         out->d = d;
@@ -115,20 +126,25 @@ static inline bool mi_pdl_on(cudaStream_t s) {
     return s != 0 && cc_major >= 9 && !(e && e[0] == '0');
 }
 
-// kernel<<<grid, block, 0, s>>>(args...) with the PDL attribute where mi_pdl_on(s).
+// kernel<<<grid, block, smem, s>>>(args...) with the PDL attribute where mi_pdl_on(s).
 template <typename... P, typename... A>
-cudaError_t mi_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t s, A &&...args) {
+cudaError_t mi_launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = mi_pdl_on(s) ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+// The same without dynamic shared memory: kernel<<<grid, block, 0, s>>>(args...).
+template <typename... P, typename... A>
+cudaError_t mi_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t s, A &&...args) {
+    return mi_launch_smem(kernel, grid, block, 0, s, static_cast<A &&>(args)...);
 }
 // Launch as mi_launch and return MI_ERR_CUDA from the enclosing function on failure.
 #define MI_LAUNCH(name, kernel, grid, block, s, ...)                                                        \

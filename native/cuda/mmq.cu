@@ -1,4 +1,4 @@
-// MMQ: tensor-core GEMM for nt >= 9 activation rows (design, tiles, tolerance: mmq.cuh).
+// MMQ: tensor-core GEMM for nt >= 10 activation rows (design, tiles, tolerance: mmq.cuh).
 #include <mma.h>
 #include <stdlib.h>
 #include "mmq.cuh"

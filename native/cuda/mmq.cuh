@@ -40,7 +40,10 @@
 #define MI_MMQ_BN 64        // activation rows per block
 #define MI_MMQ_BK 64        // columns per K step
 #define MI_MMQ_MAX_SPLIT 16 // most K splits
-#define MI_MMQ_MIN_NT 9     // below this MMVQ (bitwise nt contract, weight-bandwidth bound) is used
+// Below this the forward uses MMVQ (bitwise nt contract, weight-bandwidth bound): up to 8 rows in
+// one launch, and nt = 9 as 8 + 1 (graphed like nt <= 8: ~C_T(8) + C_T(1), under the un-graphed
+// GEMM's ~C_T(10) on the real 1.5B in session 5, and bitwise).
+#define MI_MMQ_MIN_NT 10
 
 // When MMQ applies: a type mi_qt (or F32/F16) handles, whole 32-wide chunks, nt >= MI_MMQ_MIN_NT.
 static inline bool mi_cuda_mmq_applies(int type, int64_t n_cols, int nt) {

@@ -70,14 +70,14 @@ int32_t mi_ctx_device(const mi_ctx *ctx);
  * out_rows[j] (indices into 0..nt-1), writes logits[j*n_vocab .. +n_vocab] (f32) if logits is not
  * NULL and argmax[j] (first max) if argmax is not NULL.
  * Contract: row i's logits are bitwise equal to a nt=1 forward of token i at pos[i] over the same
- * KV contents (CPU always; CUDA for nt <= 8). */
+ * KV contents (CPU always; CUDA for nt <= 9). */
 int mi_forward(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
                int32_t n_out, float *logits, int32_t *argmax);
 
 /* Benchmark: replay the captured nt-row forward (the tokens and positions of the last forward)
  * `reps` times back to back on the GPU and store the GPU milliseconds per replay in *ms (CUDA
  * events; no host work between replays). MI_ERR_ARG on a CPU context, without graphs, or nt
- * outside 1..min(8, max_nt). */
+ * outside 1..min(9, max_nt). */
 int mi_gpu_replay_ms(mi_ctx *ctx, int32_t nt, int32_t reps, float *ms);
 
 /* ---- op-level entry points (tests, benches). Host pointers in and out on every device. ---- */
@@ -88,7 +88,7 @@ int mi_dequantize(int32_t type, const void *src, int64_t n_rows, int64_t n_cols,
  * weights use f32 x). y is [nt, n_rows] f32. */
 int mi_op_matmul(int32_t device, int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                  int32_t nt, float *y, int32_t n_threads);
-/* CUDA tensor-core GEMM (native/cuda/mmq.cuh; the prefill path for nt >= 9), test entry:
+/* CUDA tensor-core GEMM (native/cuda/mmq.cuh; the prefill path for nt >= 10), test entry:
  * y[t, r] = (accumulate ? y[t, r] : 0) + bias[r] + sum_c W[r, c] * x[t, c] with W and x rounded to
  * f16 and f32 sums (tolerance in mmq.cuh). x [nt, n_cols] f32, n_cols a multiple of 32; bias f32
  * [n_rows] or NULL; y [nt, n_rows] f32, read when accumulate != 0. MI_ERR_CUDA without a GPU. */
