@@ -375,47 +375,9 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
     of the separate quantize launch: same function on the same floats."""
     model = small_model(8, types=bg.qwen_types(SMALL["n_layer"]))
     prompt = list(np.random.default_rng(8).integers(0, SMALL["n_vocab"], 10))
-    monkeypatch.setenv("MI_CUDA_WIDE", "0")  # the wide kernel quantizes in its own epilogue
     out = batch_under_env(monkeypatch, "MI_CUDA_FUSE", ("0", "1"), model, prompt, list(range(7, 7 + nt)))
     assert np.std(out[0][0]) > 0.1
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
-
-
-WIDE_VARIANTS = {
-    "stacked": dict(types=bg.qwen_types(SMALL["n_layer"])),  # q+k / q+k+v stacked, Q4_K / Q6_K
-    "mixed": dict(types=SMALL_TYPES),  # a launch per q, k, v type; ffn_down Q6_K / Q5_1
-    "qkv_f16": dict(types=dict(SMALL_TYPES, q=bg.F16, k=bg.F16, v=bg.F16), rope_type=0),  # norm kernel for q/k/v
-    "split_ffn": dict(types=dict(SMALL_TYPES, up=bg.Q5_K)),  # gate/up differ: no wide SwiGLU launch
-    "down_f32": dict(types=dict(SMALL_TYPES, down=bg.F32)),  # SwiGLU output stays f32
-    "n_embd_576": dict(types=dict(embd=bg.Q8_0, output=bg.Q8_0, q=bg.Q4_1, k=bg.Q4_1, v=bg.Q4_1, o=bg.Q8_0,
-                                  gate=bg.Q4_1, up=bg.Q4_1, down=bg.Q6_K),
-                       n_embd=576, n_head=9, n_head_kv=3),  # SmolLM2's width and types (18 chunks a row)
-    "n_embd_2560": dict(types=bg.qwen_types(SMALL["n_layer"]), n_embd=2560, n_head=40, n_head_kv=8),  # 80 chunks: not wide
-}
-
-
-@pytest.mark.parametrize("variant", list(WIDE_VARIANTS))
-def test_wide_kernel_bitwise_equal_to_separate_launches(variant, monkeypatch):
-    """MI_CUDA_WIDE=N (the 1024-thread mat-vec with the RMSNorm in its prologue and the SwiGLU
-    output quantized in its epilogue, for nt <= N) gives the bits of the separate norm, mat-vec and
-    quantize launches (=0): decode steps after a prompt, then batches of 4, 8 and 9 rows (8 + 1)."""
-    model = small_model(12, **WIDE_VARIANTS[variant])
-    V = SMALL["n_vocab"]
-    prompt = list(np.random.default_rng(12).integers(0, V, 7))
-    out = []
-    for wide in ("0", "2", "8"):
-        monkeypatch.setenv("MI_CUDA_WIDE", wide)
-        ctx = make_ctx(model, 1)
-        lg, toks = session(ctx, prompt, 4, V)
-        p = len(prompt) + 4
-        batches = [run(ctx, list(range(3, 3 + n)), range(p, p + n), V) for n in (4, 8, 9)]
-        out.append((lg, toks, batches))
-    assert np.std(out[0][0]) > 0.1
-    for o in out[1:]:
-        assert o[1] == out[0][1]
-        assert np.array_equal(o[0], out[0][0])
-        for (la, aa), (lb, ab) in zip(o[2], out[0][2]):
-            assert np.array_equal(la, lb) and np.array_equal(aa, ab)
 
 
 @pytest.mark.parametrize("variant", ["mixed", "stacked", "norm_rope_f16", "n_embd_2560"])
@@ -508,8 +470,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
-                                     ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
-                                     ("MI_CUDA_WIDE", "9"), ("MI_CUDA_WIDE", "4x")])
+                                     ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -3,8 +3,6 @@
 // Data path per layer (as cpu/forward.c, rows independent):
 //   x -> rmsnorm+quant -> q,k,v (+bias, rope, f16 KV write) -> split attention (+ merge, quant)
 //     -> wo (+= x) -> rmsnorm+quant -> silu(gate)*up (one launch) -> quant -> down (+= x)
-// (nt <= MI_CUDA_WIDE on the 0.5B/1.5B shapes: each rmsnorm+quant runs inside the next launch and
-// the SwiGLU quant inside its launch: qkv | attention | wo | gate/up | down, the same bits.)
 // (nt >= 10: tensor-core GEMMs on the f32 inputs, the rope kernel, separate gate/up + swiglu.)
 // Kernels are chained with programmatic dependent launch (common.cuh): each starts while the one
 // before drains, and the mat-vecs prefetch their weights meanwhile.
@@ -25,7 +23,6 @@
 #include "rope.cuh"
 
 #define MI_GRAPH_MAX_NT 9 // graphs for nt = 1..9 (issue 4), all on the bitwise mat-vec path
-#define MI_WIDE_DEFAULT 4
 
 struct mi_cuda_layer {
     mi_dtensor wq, wk, wv, wo, gate, up, down;
@@ -55,11 +52,6 @@ struct mi_cuda_ctx {
     // of a separate quantize launch. Off by default: on the H200 with PDL the fence + counter in
     // every block cost more than the launch saved (1.5B 762 vs 779 tok/s, 0.5B 1232 vs 1264).
     int fuse_quant;
-    // MI_CUDA_WIDE=N (0..8, default MI_WIDE_DEFAULT): forwards of nt <= N rows run the matrices
-    // the wide mat-vec takes (mmvq.cuh) on it, with the two RMSNorms in the q/k/v and gate/up
-    // launches and the SwiGLU output quantized in the gate/up launch: 5 launches a layer instead of
-    // 8, the same bits (0: off).
-    int wide_nt;
     int no_mmq;            // MI_CUDA_MMQ=0: nt >= 10 loops the 8-row mat-vec instead (A/B, tests)
     int rope_fuse;         // RoPE + KV write in the q/k/v mat-vec epilogue (MI_CUDA_ROPE_FUSE=0: kernel)
     // MI_CUDA_SKIP=attn,norm,...: op kinds (mi_skip_names) left out of every forward. Timing only
@@ -208,10 +200,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
     for (int l = 0; l < c->n_layer; l++) {
         const mi_cuda_layer *L = &c->layers[l];
         __half *kc = c->kv_k + (size_t)l * c->n_ctx * KD, *vc = c->kv_v + (size_t)l * c->n_ctx * KD;
-        bool wide_qkv = !gemm && c->wide_nt > 0; // the wide kernel for every q/k/v launch: norm fused there
-        for (int gi = 0; gi < L->n_qkv; gi++) wide_qkv = wide_qkv && mi_cuda_mmvq_wide_applies(&L->qkv_w[gi], nt, c->wide_nt);
-        if (!wide_qkv)
-            MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->attn_norm, c->rms_eps, E, c->xn, c->xq, s));
+        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->attn_norm, c->rms_eps, E, c->xn, c->xq, s));
         if (gemm) {
             MI_RUNK(MI_P_MM_Q, mm(&L->wq, c->xq, c->xn, E, nt, c->q, QD, L->bq, 0));
             MI_RUNK(MI_P_MM_Q, mm(&L->wk, c->xq, c->xn, E, nt, c->k, KD, L->bk, 0));
@@ -238,12 +227,6 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
                 }
             }
             o.n_seg = L->qkv_count[gi];
-            if (wide_qkv) {
-                o.wide = 1;
-                o.norm_x = c->x;
-                o.norm_w = L->attn_norm;
-                o.norm_eps = c->rms_eps;
-            }
             if (fuse_rope) {
                 o.any_rope = 1;
                 o.hd = HD;
@@ -261,11 +244,8 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
                                              c->attn_splits, c->attn_group, c->part,
                                              c->attn_cnt, c->att, c->xq, s));
         MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
+        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
         const bool q_down = L->down.type != MI_TYPE_F32 && L->down.type != MI_TYPE_F16;
-        // gate/up on the wide kernel: the norm in its prologue, the SwiGLU output quantized in its epilogue
-        const bool wide_ffn = !gemm && !c->split_ffn && c->wide_nt > 0 && mi_cuda_mmvq_wide_applies(&L->gate, nt, c->wide_nt);
-        if (!wide_ffn)
-            MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
         bool quantized = false; // ffn_down needs no separate quantize launch
         if (gemm) {
             MI_RUNK(MI_P_MM_FFN_IN, mm(&L->gate, c->xq, c->xn, E, nt, c->gate, F, nullptr, 0));
@@ -279,13 +259,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
             o.end[0] = F;
             o.y[0] = c->ff;
             o.ldy[0] = F;
-            if (wide_ffn) {
-                o.wide = 1;
-                o.norm_x = c->x;
-                o.norm_w = L->ffn_norm;
-                o.norm_eps = c->rms_eps;
-            }
-            if (q_down && (c->fuse_quant || wide_ffn)) {
+            if (q_down && c->fuse_quant) {
                 o.yq = c->xq_ff;
                 o.ldq = F / 32;
                 o.cnt = c->ff_cnt;
@@ -390,12 +364,6 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->use_graphs = !(env && strcmp(env, "0") == 0);
     const char *fe = getenv("MI_CUDA_FUSE");
     c->fuse_quant = fe && strcmp(fe, "1") == 0;
-    const char *we = getenv("MI_CUDA_WIDE");
-    c->wide_nt = we && we[0] ? we[0] - '0' : MI_WIDE_DEFAULT;
-    if (we && we[0] && (we[1] || c->wide_nt < 0 || c->wide_nt > 8)) {
-        free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_WIDE=%s: want 0..8", we);
-    }
     const char *me = getenv("MI_CUDA_MMQ");
     c->no_mmq = me && strcmp(me, "0") == 0;
     const char *ae = getenv("MI_CUDA_ATTN_SPLITS");

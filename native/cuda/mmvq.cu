@@ -60,23 +60,12 @@ bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
 }
 
-bool mi_cuda_mmvq_wide_applies(const mi_dtensor *w, int nt, int max_nt) {
-    const bool quant = w->type != MI_TYPE_F32 && w->type != MI_TYPE_F16;
-    const int group = nt < 8 ? nt : 8; // mi_cuda_mmvq_seg launches groups of <= 8 rows
-    return quant && mi_rows_per_block(w->n_cols / 32) == 4 && group <= max_nt && max_nt <= 8;
-}
-
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s) {
     if (w_up && (w_up->type != w->type || w_up->n_rows != w->n_rows || w_up->n_cols != w->n_cols))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: SwiGLU pair differs in type or shape");
-    if (out->yq && (out->n_seg != 1 || w->n_rows % 32 || !(out->cnt || out->wide)))
+    if (out->yq && (out->n_seg != 1 || w->n_rows % 32 || !out->cnt))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: quantized output needs one segment of 32k rows and counters");
-    if (out->wide && (!mi_cuda_mmvq_wide_applies(w, nt, 8) || (out->yq && (!w_up || out->bias[0] || accumulate))))
-        return mi_set_error(MI_ERR_ARG, "CUDA matmul: the wide kernel needs quantized rows of <= 64 chunks (and a "
-                                        "quantized output only after SwiGLU, without bias or accumulation)");
-    if (out->norm_x && !out->wide)
-        return mi_set_error(MI_ERR_ARG, "CUDA matmul: a fused RMSNorm needs the wide kernel");
     if (out->any_rope && (w_up || !mi_cuda_mmvq_can_rope(w->n_cols) || out->hd % 2))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: fused RoPE needs the block kernel with even rows per block");
     const int64_t nchunks = w->n_cols / 32;
@@ -100,7 +89,6 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
         a.os = *out;
         for (int i = 0; i < out->n_seg; i++) a.os.y[i] = out->y[i] + t0 * out->ldy[i];
         if (out->yq) a.os.yq = out->yq + t0 * out->ldq;
-        if (out->norm_x) a.os.norm_x = out->norm_x + t0 * ldx;
         if (out->any_rope) {
             a.os.pos = out->pos + t0;
             a.os.rope_cs = out->rope_cs + (int64_t)t0 * out->hd;

@@ -12,13 +12,8 @@
 // Outputs of a launch over the stacked rows of several matrices of one type (q, k, v uploaded
 // back to back): rows [end[i-1], end[i]) go to y[i] (+ bias[i]), row index restarting at 0.
 // yq != NULL (one segment, n_rows a multiple of 32): the output is also quantized, yq [nt][ldq]
-// q8a blocks, so the next matmul's input needs no launch of its own: by the wide kernel's block
-// of each 32-row group, or else by the last block to finish the group (cnt: int32 [n_rows/32],
-// zero before the launch and left zero).
-// wide != 0 (mi_cuda_mmvq_wide_applies): the wide kernel, one 1024-thread block per 32 rows, bitwise
-// equal to the others. Only it takes norm_x != NULL: instead of reading xq, each block computes
-// xq = q8a(rmsnorm(norm_x) * norm_w) for its nt rows itself (norm_x: f32 [nt][ldx], norm_w: f32
-// [n_cols]), with the bits of mi_cuda_rmsnorm_quant (norm_block.cuh), so the norm needs no launch.
+// q8a blocks, by the last block to finish each 32-row group (cnt: int32 [n_rows/32], zero before
+// the launch and left zero), so the next matmul's input needs no launch of its own.
 #define MI_MMVQ_MAX_SEG 3
 struct mi_mmvq_out {
     int n_seg;
@@ -42,14 +37,7 @@ struct mi_mmvq_out {
     int64_t ld_cache;
     const int32_t *pos;
     const float *rope_cs;
-    int wide;
-    const float *norm_x, *norm_w;
-    float norm_eps;
 };
-// Whether the wide kernel takes matrix w for groups of nt <= max_nt activation rows: quantized
-// weights whose rows have <= 64 chunks (where the block kernel also gives each row one warp, in
-// the same chunk order: the same bits), nt <= max_nt (its register budget; MI_CUDA_WIDE).
-bool mi_cuda_mmvq_wide_applies(const mi_dtensor *w, int nt, int max_nt);
 // Whether a q/k/v launch over rows of n_cols columns can take the fused RoPE epilogue (the block
 // kernel with an even number of rows per block: MI_CUDA_MMVQ 0, or 3 = the default, for rows of <= 128 chunks).
 bool mi_cuda_mmvq_can_rope(int64_t n_cols);

@@ -9,7 +9,6 @@
 #ifndef MI_CUDA_MMVQ_KERNELS_CUH
 #define MI_CUDA_MMVQ_KERNELS_CUH
 #include "mmvq.cuh"
-#include "norm_block.cuh"
 #include "qtypes.cuh"
 
 namespace {
@@ -66,11 +65,10 @@ __device__ __forceinline__ void mi_mmvq_prologue(const uint8_t *w0, const uint8_
 // Fused epilogue of a q/k/v launch (os.any_rope), called by every thread of the block: row k of
 // the block (virtual row r, matrix row ra) is finished by its thread j == 0 (active). Values
 // (+ bias) meet in shared memory; the even row of each rotated pair writes both rotated outputs.
-// RPB: rows per block (even).
-template <int NT, int RPB>
+template <int NT>
 __device__ __forceinline__ void mi_epilogue_rope(const float *acc, int r, int ra, int k, bool active,
                                                  const mi_mmvq_out &os, int accumulate) {
-    __shared__ float pv[RPB][NT];
+    __shared__ float pv[4][NT]; // rows per block <= 4
     mi_seg_sel s = {0, 0, nullptr, 0, nullptr, nullptr};
     if (active) {
         s = mi_seg_of(os, r);
@@ -232,78 +230,10 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_row_reduce<NT>(acc, tpr, sh[0]);
     if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
     if (!GLU && os.any_rope)
-        mi_epilogue_rope<NT, 4>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
+        mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
     else if (j == 0 && r < n_rows)
         mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
-}
-
-// Wide kernel (mmvq.cuh: os.wide; MI_CUDA_WIDE): one 1024-thread block per 32 rows, warp w of the
-// block on row 32 * blockIdx.x + w, lane l on its chunks l, l + 32, ... in order, then the warp
-// butterfly: for rows of <= 64 chunks exactly what the block kernel does (4 rows per block, 32
-// threads per row), so the rows carry the same bits. What the wide block buys is two fusions:
-//  - its 1024 threads are the rmsnorm_quant kernel's block, so with os.norm_x it normalizes and
-//    quantizes its NT input rows into shared memory itself (mi_rmsnorm_quant_block, the same bits)
-//    instead of waiting for that launch to finish: one dependent launch less per norm;
-//  - a SwiGLU launch's 32 outputs of an activation row are one q8a chunk, quantized by one warp in
-//    the epilogue (os.yq) with the quantize kernel's function on the same floats and no counter.
-// Costs: one block of 32 warps per SM at <= 64 registers (NT <= 4 keeps the block kernel's
-// registers), and every block redoes the norm of its input rows (a few us of L2 reads and
-// reductions, spread over 32 warps).
-constexpr int MI_WIDE_ROWS = 32;
-
-template <int T, int NT, bool GLU>
-__global__ void __launch_bounds__(MI_NORM_THREADS, 1)
-    mi_mmvq_wide_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
-                        int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os,
-                        int accumulate) {
-    static_assert(MI_NORM_THREADS == 32 * MI_WIDE_ROWS, "one warp per row");
-    extern __shared__ __align__(16) uint8_t mi_wide_smem[]; // [NT][nchunks] q8a when os.norm_x
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int r0 = blockIdx.x * MI_WIDE_ROWS, r = r0 + warp;
-    const int ra = r < n_rows ? mi_act_row(os, r) : r;
-    float wr[2]; // rows of <= 64 chunks: the norm's input rows are <= 2048 wide
-    if (os.norm_x) mi_norm_load_w(os.norm_w, 32 * nchunks, wr);
-    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, r0, MI_WIDE_ROWS, n_rows, os);
-    const mi_block_q8a *xa = xq;
-    int64_t lda = ldxb;
-    if (os.norm_x) {
-        mi_block_q8a *xs = (mi_block_q8a *)mi_wide_smem;
-        mi_rmsnorm_quant_block<NT, 2>(os.norm_x, 32 * ldxb, os.norm_w, wr, os.norm_eps, 32 * nchunks, nullptr, 0, xs,
-                                   nchunks);
-        __syncthreads();
-        xa = xs;
-        lda = nchunks;
-    }
-    float acc[NT], acc1[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
-    if (r < n_rows) {
-        const uint8_t *row0 = w0 + (int64_t)ra * row_bytes;
-        const uint8_t *row1 = GLU ? w1 + (int64_t)ra * row_bytes : nullptr;
-#pragma unroll 2
-        for (int c = lane; c < nchunks; c += 32) {
-            mi_row_chunk<T, NT>(row0, c, xa, lda, acc);
-            if (GLU) mi_row_chunk<T, NT>(row1, c, xa, lda, acc1);
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        acc[t] = mi_warp_sum(acc[t]);
-        if (GLU) acc1[t] = mi_warp_sum(acc1[t]);
-    }
-    if (!GLU && os.any_rope)
-        mi_epilogue_rope<NT, MI_WIDE_ROWS>(acc, r, ra, warp, lane == 0 && r < n_rows, os, accumulate);
-    else if (lane == 0 && r < n_rows)
-        mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
-    if (GLU && os.yq) { // n_rows % 32 == 0, one segment, no bias, accumulate == 0 (mi_cuda_mmvq_seg)
-        __shared__ float gv[NT][MI_WIDE_ROWS];
-        if (lane == 0)
-#pragma unroll
-            for (int t = 0; t < NT; t++) gv[t][warp] = mi_silu_mul(acc[t], acc1[t]); // the value y holds
-        __syncthreads();
-        if (warp < NT) mi_quant_chunk_warp(gv[warp][lane], os.yq + warp * os.ldq + blockIdx.x, lane);
-    }
 }
 
 // Warp-per-row kernel (MI_CUDA_MMVQ=1 or 2; the block kernel above is the default): each warp owns one row, lane l takes
@@ -416,7 +346,7 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_row_reduce<NT>(acc, tpr, sh[0]);
     if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
     if (!GLU && os.any_rope)
-        mi_epilogue_rope<NT, 4>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
+        mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
     else if (j == 0 && r < n_rows)
         mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
@@ -428,10 +358,6 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
     if constexpr (T == MI_TYPE_F32 || T == MI_TYPE_F16)
         return mi_launch(mi_mmv_f_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols, a.xf, a.ldx, a.os, a.accumulate, a.rpb);
-    else if (a.os.wide)
-        return mi_launch_smem(mi_mmvq_wide_kernel<T, NT, GLU>, (a.n_rows + MI_WIDE_ROWS - 1) / MI_WIDE_ROWS,
-                              MI_NORM_THREADS, a.os.norm_x ? (size_t)NT * (a.n_cols / 32) * sizeof(mi_block_q8a) : 0, s,
-                              a.w0, a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate);
     else if (a.warp)
         return mi_launch(mi_mmvq_warp_kernel<T, NT, GLU, mi_mmvq_unroll<NT, GLU>()>,
                          (a.n_rows + MI_MMVQ_WARPS / a.warp - 1) / (MI_MMVQ_WARPS / a.warp), MI_MMVQ_WARPS * 32, s, a.w0,

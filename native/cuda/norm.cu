@@ -1,27 +1,73 @@
 // RMSNorm (Zhang & Sennrich 2019) + q8a quantization in one pass per row, so each matmul input
 // is read once and quantized once per layer (not once per consuming matrix).
 #include "norm.cuh"
-#include "norm_block.cuh"
 
 namespace {
-// One block per row for the norm (its sum of squares is a block reduction; the body is
-// mi_rmsnorm_quant_block, shared with the wide mat-vec's prologue): 1024 threads so a
+// One block per row for the norm (its sum of squares is a block reduction): 1024 threads so a
 // 1536..8192-wide row takes few passes. Plain quantization has no reduction across chunks: a grid
 // of 8-chunk blocks keeps every SM busy even for one row.
+constexpr int MI_NORM_THREADS = 1024;
 constexpr int MI_QUANT_THREADS = 256;
 
 __global__ void __launch_bounds__(MI_NORM_THREADS)
     mi_rmsnorm_quant_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
                             const int32_t *__restrict__ n_rows_d, const float *__restrict__ w, float eps, int n,
                             float *__restrict__ xn, mi_block_q8a *__restrict__ xq) {
-    float wr[4]; // the norm weights are constants: loaded before waiting on the previous kernel
-    mi_norm_load_w(w, n, wr);
+    // The norm weights are constants: load this lane's share before waiting on the previous kernel.
+    constexpr int PRE = 4; // chunks per warp held in registers (rows up to 4 * 32 * 32 = 4096 wide)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float wr[PRE];
+#pragma unroll
+    for (int k = 0; k < PRE; k++) {
+        const int c = warp + k * (MI_NORM_THREADS / 32);
+        wr[k] = c < n / 32 ? w[32 * c + lane] : 0.0f;
+    }
     mi_pdl_wait();
     mi_pdl_trigger();
     const int j = blockIdx.x;
     if (n_rows_d && j >= *n_rows_d) return;
-    mi_rmsnorm_quant_block<1, 4>(x + (int64_t)(rows ? rows[j] : j) * n, n, w, wr, eps, n, xn + (int64_t)j * n, n,
-                              xq + (int64_t)j * (n / 32), n / 32);
+    const float *xr = x + (int64_t)(rows ? rows[j] : j) * n;
+    __shared__ float part[MI_NORM_THREADS / 32];
+    __shared__ float scale_sh;
+    // Thread t holds x[t + 1024 k] (k < PRE): exactly the elements its warp's chunks c = warp + 32 k
+    // quantize below, so the row is read once.
+    float xv[PRE];
+#pragma unroll
+    for (int k = 0; k < PRE; k++) {
+        const int i = threadIdx.x + k * MI_NORM_THREADS;
+        xv[k] = i < n ? xr[i] : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PRE; k++)
+        if (threadIdx.x + k * MI_NORM_THREADS < n) ss = __fadd_rn(ss, __fmul_rn(xv[k], xv[k]));
+    for (int i = threadIdx.x + PRE * MI_NORM_THREADS; i < n; i += MI_NORM_THREADS) ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
+    ss = mi_warp_sum(ss);
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = part[0];
+        for (int i = 1; i < MI_NORM_THREADS / 32; i++) t = __fadd_rn(t, part[i]);
+        scale_sh = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(t, (float)n), eps)));
+    }
+    __syncthreads();
+    const float scale = scale_sh;
+#pragma unroll
+    for (int k = 0; k < PRE; k++) {
+        const int c = warp + k * (MI_NORM_THREADS / 32);
+        if (c < n / 32) {
+            const int i = 32 * c + lane;
+            const float v = __fmul_rn(__fmul_rn(xv[k], scale), wr[k]);
+            xn[(int64_t)j * n + i] = v;
+            mi_quant_chunk_warp(v, xq + (int64_t)j * (n / 32) + c, lane);
+        }
+    }
+    for (int c = warp + PRE * (MI_NORM_THREADS / 32); c < n / 32; c += MI_NORM_THREADS / 32) {
+        const int i = 32 * c + lane;
+        const float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        xn[(int64_t)j * n + i] = v;
+        mi_quant_chunk_warp(v, xq + (int64_t)j * (n / 32) + c, lane);
+    }
 }
 
 __global__ void __launch_bounds__(MI_QUANT_THREADS)
