@@ -6,6 +6,8 @@
 #   device: for each chunk, copy it alone into .carry/ and call `bash bench/gpu_real.sh add`
 #           (carry [".carry"]; golden JSON files may ride along in .carry/golden/)
 #           then `bash bench/gpu_real.sh run [pytest args]`
+#   HYST=0.02: the adaptive bench again under PYMINFER_ADAPTIVE_HYSTERESIS=0.02 (an A/B of the
+#   controller's switch margin, default 0.05).
 #   SYNTH=7b,14b: also write those synthetic shapes there (`pyminfer synth`, 20-40 s each, the
 #   tokenizer from the carried 0.5B; a file already there from an earlier call is reused: writes
 #   are atomic, so it is complete) and bench them as files: tg128 / pp512 and the verify curve.
@@ -50,6 +52,11 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   for mode in "--spec-draft-adaptive" "--spec-draft-n 3" "--spec-draft-n 5"; do
     echo "== spec $mode"
     python3 -m pyminfer bench -m "$T" --spec-draft "$D" $mode -n 256 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
+  done
+  for h in ${HYST//,/ }; do  # HYST=0.02,...: adaptive again under PYMINFER_ADAPTIVE_HYSTERESIS=h
+    echo "== spec --spec-draft-adaptive, PYMINFER_ADAPTIVE_HYSTERESIS=$h"
+    PYMINFER_ADAPTIVE_HYSTERESIS=$h python3 -m pyminfer bench -m "$T" --spec-draft "$D" --spec-draft-adaptive -n 256 -r 3 \
+      --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
   done
 fi
 for shape in ${SYNTH//,/ }; do

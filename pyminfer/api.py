@@ -37,7 +37,7 @@ class LLM:
         device: "auto" (CUDA when visible), "cuda" or "cpu".
         n_ctx: context size in tokens (default min(4096, the model's trained context)).
         n_threads: CPU threads (0: all cores).
-        spec_draft_n: draft tokens per speculative round (0..7).
+        spec_draft_n: draft tokens per speculative round (0..8).
         spec_adaptive: choose the draft depth each round.
 
     Raises:

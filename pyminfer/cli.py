@@ -22,7 +22,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft", default=None, metavar="MODEL", help="draft model for speculative decoding")
-    p.add_argument("--spec-draft-n", type=int, default=4, metavar="D", help="draft tokens per round (0..7)")
+    p.add_argument("--spec-draft-n", type=int, default=4, metavar="D", help="draft tokens per round (0..8)")
     p.add_argument("--spec-draft-adaptive", action="store_true", help="choose the draft depth each round")
 
 
@@ -73,8 +73,9 @@ def _check_common(args: argparse.Namespace) -> None:
     if getattr(args, "spec_draft", None) is None and getattr(args, "spec_draft_adaptive", False):
         raise ValueError("--spec-draft-adaptive needs a draft model (--spec-draft MODEL)")
     n = getattr(args, "spec_draft_n", 4)
-    if not 0 <= n <= 7:
-        raise ValueError(f"--spec-draft-n must be in 0..7, got {n}")
+    from .spec import MAX_DEPTH
+    if not 0 <= n <= MAX_DEPTH:
+        raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {n}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -110,7 +110,7 @@ def test_greedy_matches_golden(name):
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_spec_identity_real_pair(penalty):
     """Target Qwen2.5-Coder-1.5B, draft 0.5B, both on the GPU: 20 prompts x 256 tokens, every depth
-    1..7 and adaptive, ids equal to plain greedy decoding on the GPU."""
+    1..8 and adaptive, ids equal to plain greedy decoding on the GPU."""
     t, d = model("qwen2.5-coder-1.5b", "cuda"), model("qwen2.5-coder-0.5b", "cuda")
     params = SamplingParams(temperature=0.0, repeat_penalty=penalty)
     accepted = drafted = 0
