@@ -107,8 +107,9 @@ def bench_spec(target: Model, draft: Model, args: argparse.Namespace) -> list[di
     """Speculative vs sequential on BENCH_PROMPTS, interleaved, with the cost-model prediction."""
     from .generate import generate
     from .sampling import SamplingParams
+    from .spec import MAX_DEPTH
 
-    ct = verify_curve(target, max_nt=8, reps=5)
+    ct = verify_curve(target, max_nt=MAX_DEPTH + 1, reps=5)  # every verify width a round can use
     cd = verify_curve(draft, max_nt=1, reps=5)[1]
     rows = []
     params = SamplingParams(temperature=0.0)

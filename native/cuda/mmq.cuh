@@ -41,8 +41,8 @@
 #define MI_MMQ_BK 64        // columns per K step
 #define MI_MMQ_MAX_SPLIT 16 // most K splits
 // Below this the forward uses MMVQ (bitwise nt contract, weight-bandwidth bound): up to 8 rows in
-// one launch, and nt = 9 as 8 + 1 (graphed like nt <= 8: ~C_T(8) + C_T(1), under the un-graphed
-// GEMM's ~C_T(10) on the real 1.5B in session 5, and bitwise).
+// one launch, and nt = 9 as 8 + 1 (graphed like nt <= 8, and bitwise): on the H200's synthetic
+// 1.5B 2.97 ms against 4.26 ms for the GEMM at nt = 10 (docs/perf.md, session 6).
 #define MI_MMQ_MIN_NT 10
 
 // When MMQ applies: a type mi_qt (or F32/F16) handles, whole 32-wide chunks, nt >= MI_MMQ_MIN_NT.
