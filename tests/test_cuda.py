@@ -427,14 +427,16 @@ ATTN_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("group", ["0", "1"])
+@pytest.mark.parametrize("group", ["0", "1", "mma"])  # mma: MI_CUDA_ATTN_MMA=1 (tensor cores)
 @pytest.mark.parametrize("splits", ["64", "3"])  # 3: several tiles per split, a partial last tile
 @pytest.mark.parametrize("shape", list(ATTN_SHAPES))
 def test_attention_long_context(shape, splits, group, monkeypatch):
     """300 cached positions: a 5-row verify batch equals five single-token forwards bitwise, and
-    matches the CPU (f32 weights, so only the f16 KV cache differs: NMSE ~1e-7)."""
+    matches the CPU (f32 weights, so only the f16 KV cache differs: NMSE ~1e-7; the tensor-core
+    kernel's f16 hi + lo operands keep it there)."""
     monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
-    monkeypatch.setenv("MI_CUDA_ATTN_GROUP", group)
+    monkeypatch.setenv("MI_CUDA_ATTN_GROUP", "0" if group == "mma" else group)
+    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1" if group == "mma" else "0")
     F = bg.F32
     model = small_model(8, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
                         **ATTN_SHAPES[shape])
@@ -470,7 +472,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
-                                     ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x")])
+                                     ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
+                                     ("MI_CUDA_ATTN_MMA", "2")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -285,6 +285,226 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
     if (wi < G) mi_attn_merge<DPL>(part, t, h0 + wi, n_head, n_used, att, xq, lane);
 }
 
+// Tensor-core variant (MI_CUDA_ATTN_MMA=1): block = (KV head g, row t, split s), four warps; the
+// G <= 16 query heads of KV head g are the M rows of mma.m16n8k16 (rows >= G are zero), so each
+// K/V row is read once per block instead of once per query head, and q.K and P.V are summed over
+// d and over slots by the tensor cores instead of by shuffles and FMA chains. The operands are f16:
+// K and V are f16 already; q (f32) and P (f32 in [0, 1]) are each split into hi = f16(x) and
+// lo = f16(x - hi), two mma per product, so they keep ~22 significant bits, and the products are
+// summed in f32 (PTX ISA, "Warp-level matrix multiply-accumulate instructions"). Not bitwise equal
+// to the CUDA-core kernels or to the CPU (another summation order: a stated tolerance, tests), but
+// rows stay bitwise across nt: a warp takes 16-slot tiles j0 = k0 + 16w, + 64, ... of its split,
+// all functions of pos[t] alone.
+//
+// Fragment maps (lane = 4 gid + tig): S = Q K^T: the B fragment of k-step 2c + e for slot gid of an
+// n-tile is the K row's halves d = 32c + 8tig + 4e + {0,1} (b0, b1) and + {2,3} (b2, b3): one
+// 16-byte load per lane per row and c feeds two k-steps, and Q's A fragment follows the same map
+// (the sum over d does not care which k it sits at). O = P V: n-tile 8m + i has column n = gid at
+// d = 64m + 8gid + i, so one 16-byte load of each of the lane's four V rows (slots 2tig, 2tig + 1,
+// 8 + 2tig, 9 + 2tig) feeds eight n-tiles; the accumulator's column n = 2tig + e is d = 64m + 8n + i.
+constexpr int MI_ATTN_MMA_TILE = 16; // slots per warp step
+
+__device__ __forceinline__ void mi_mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// x0, x1 -> f16 pairs hi = f16(x), lo = f16(x - hi) (x0 in the low half, the lower k index).
+__device__ __forceinline__ void mi_split_f16x2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+    const __half l0 = __float2half_rn(__fsub_rn(x0, __half2float(h0))), l1 = __float2half_rn(__fsub_rn(x1, __half2float(h1)));
+    hi = (uint32_t)__half_as_ushort(h0) | ((uint32_t)__half_as_ushort(h1) << 16);
+    lo = (uint32_t)__half_as_ushort(l0) | ((uint32_t)__half_as_ushort(l1) << 16);
+}
+
+template <int DPL>
+__global__ void __launch_bounds__(MI_ATTN_THREADS)
+    mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
+                       const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
+                       float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
+                       mi_block_q8a *__restrict__ xq) {
+    constexpr int HD = DPL * 32, KS = HD / 16, NV = HD / 64, ND = HD / 8, TILE = MI_ATTN_WARPS * MI_ATTN_MMA_TILE;
+    const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int G = n_head / n_head_kv, h0 = g * G, kvd = n_head_kv * HD;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const int n_kv = pos[t] + 1; // readable before the wait (mi_attn_kernel)
+    int S, n_used;
+    mi_attn_split_size(n_kv, TILE, max_splits, S, n_used);
+    const int k0 = s * S, k1 = min(n_kv, k0 + S);
+    if (s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, MI_ATTN_THREADS);
+    mi_pdl_wait();
+    mi_pdl_trigger();
+    if (s >= n_used) return;
+    // Q's A fragments, hi and lo: k-step 2c + e, rows gid / gid + 8 (query heads h0 + row, zero
+    // beyond G), halves d = 32c + 8tig + 4e + {0,1} (regs 0, 1) and + {2,3} (regs 2, 3).
+    uint32_t qa[KS][4], ql[KS][4];
+#pragma unroll
+    for (int c = 0; c < HD / 32; c++) {
+        float v[2][8];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int hh = gid + 8 * r;
+            if (hh < G) {
+                const float4 *p = (const float4 *)(q + ((int64_t)t * n_head + h0 + hh) * HD + 32 * c + 8 * tig);
+                const float4 a = p[0], b = p[1];
+                v[r][0] = a.x; v[r][1] = a.y; v[r][2] = a.z; v[r][3] = a.w;
+                v[r][4] = b.x; v[r][5] = b.y; v[r][6] = b.z; v[r][7] = b.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[r][i] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int kk = 2 * c + e;
+            mi_split_f16x2(v[0][4 * e], v[0][4 * e + 1], qa[kk][0], ql[kk][0]);
+            mi_split_f16x2(v[1][4 * e], v[1][4 * e + 1], qa[kk][1], ql[kk][1]);
+            mi_split_f16x2(v[0][4 * e + 2], v[0][4 * e + 3], qa[kk][2], ql[kk][2]);
+            mi_split_f16x2(v[1][4 * e + 2], v[1][4 * e + 3], qa[kk][3], ql[kk][3]);
+        }
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // rows gid, gid + 8; l: this lane's columns
+    for (int j0 = k0 + warp * MI_ATTN_MMA_TILE; j0 < k1; j0 += TILE) {
+        // K rows j0 + 8nt + gid (n-tile nt), V rows j0 + {2tig, 2tig+1, 8+2tig, 9+2tig}: clamped to
+        // k1 - 1 (masked slots get weight 0, and a clamped row is a written, finite one).
+        uint4 kr[2][HD / 32], vr[4][NV];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const __half *row = kc + (int64_t)min(j0 + 8 * nt + gid, k1 - 1) * kvd + g * HD + 8 * tig;
+#pragma unroll
+            for (int c = 0; c < HD / 32; c++) kr[nt][c] = *(const uint4 *)(row + 32 * c);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const __half *row = vc + (int64_t)min(j0 + 8 * (r >> 1) + 2 * tig + (r & 1), k1 - 1) * kvd + g * HD + 8 * gid;
+#pragma unroll
+            for (int mm = 0; mm < NV; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
+        }
+        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int c = 0; c < HD / 32; c++) {
+                mi_mma_f16(sc[nt], qa[2 * c], kr[nt][c].x, kr[nt][c].y);
+                mi_mma_f16(sc[nt], ql[2 * c], kr[nt][c].x, kr[nt][c].y);
+                mi_mma_f16(sc[nt], qa[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
+                mi_mma_f16(sc[nt], ql[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
+            }
+        // sc[nt][2r + e]: row gid + 8r, slot j0 + 8nt + 2tig + e.
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float v = j0 + 8 * nt + 2 * tig + e < k1 ? __fmul_rn(sc[nt][2 * r + e], scale) : -INFINITY;
+                    sc[nt][2 * r + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 2));
+            const float mn = fmaxf(m[r], mx); // finite: slot j0 < k1
+            corr[r] = expf(m[r] - mn);        // 0 on the first step
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = expf(sc[nt][2 * r + e] - mn);
+                    sc[nt][2 * r + e] = p;
+                    sum = __fadd_rn(sum, p);
+                }
+            l[r] = __fadd_rn(__fmul_rn(l[r], corr[r]), sum);
+            m[r] = mn;
+        }
+        // P's A fragment (k = slot: 2tig + e from n-tile 0, 8 + 2tig + e from n-tile 1), hi and lo.
+        uint32_t pa[4], pl[4];
+        mi_split_f16x2(sc[0][0], sc[0][1], pa[0], pl[0]);
+        mi_split_f16x2(sc[0][2], sc[0][3], pa[1], pl[1]);
+        mi_split_f16x2(sc[1][0], sc[1][1], pa[2], pl[2]);
+        mi_split_f16x2(sc[1][2], sc[1][3], pa[3], pl[3]);
+#pragma unroll
+        for (int mm = 0; mm < NV; mm++) {
+            const uint32_t *w0 = (const uint32_t *)&vr[0][mm], *w1 = (const uint32_t *)&vr[1][mm];
+            const uint32_t *w2 = (const uint32_t *)&vr[2][mm], *w3 = (const uint32_t *)&vr[3][mm];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t sel = i & 1 ? 0x7632u : 0x5410u;
+                const uint32_t b0 = __byte_perm(w0[i / 2], w1[i / 2], sel), b1 = __byte_perm(w2[i / 2], w3[i / 2], sel);
+                float(&on)[4] = o[8 * mm + i];
+                on[0] = __fmul_rn(on[0], corr[0]);
+                on[1] = __fmul_rn(on[1], corr[0]);
+                on[2] = __fmul_rn(on[2], corr[1]);
+                on[3] = __fmul_rn(on[3], corr[1]);
+                mi_mma_f16(on, pa, b0, b1);
+                mi_mma_f16(on, pl, b0, b1);
+            }
+        }
+    }
+    // Warps -> this split's partial per query head, as mi_attn_kernel: e_w = exp(m_w - M), then
+    // the warps summed in order.
+    __shared__ float sm_m[MI_ATTN_WARPS][16], sm_l[MI_ATTN_WARPS][16], sm_e[MI_ATTN_WARPS][16], sm_M[16];
+    __shared__ float sm_acc[MI_ATTN_WARPS][16][HD];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = __fadd_rn(l[r], __shfl_xor_sync(MI_FULL_MASK, l[r], 1));
+        lr = __fadd_rn(lr, __shfl_xor_sync(MI_FULL_MASK, lr, 2));
+        if (tig == 0) {
+            sm_m[warp][gid + 8 * r] = m[r];
+            sm_l[warp][gid + 8 * r] = lr;
+        }
+#pragma unroll
+        for (int mm = 0; mm < NV; mm++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) sm_acc[warp][gid + 8 * r][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e];
+    }
+    __syncthreads();
+    if (threadIdx.x < MI_ATTN_WARPS * 16) {
+        const int hh = threadIdx.x / MI_ATTN_WARPS, w = threadIdx.x % MI_ATTN_WARPS;
+        float M = -INFINITY;
+#pragma unroll
+        for (int v = 0; v < MI_ATTN_WARPS; v++) M = fmaxf(M, sm_m[v][hh]);
+        sm_e[w][hh] = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - M); // a warp with no slot adds 0
+        if (w == 0) sm_M[hh] = M;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * HD; idx += MI_ATTN_THREADS) {
+        const int hh = idx / HD, dd = idx % HD;
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MI_ATTN_WARPS; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][hh][dd], sm_e[w][hh]));
+        float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
+        out[2 + dd] = a;
+        if (dd == 0) {
+            float L = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MI_ATTN_WARPS; w++) L = __fadd_rn(L, __fmul_rn(sm_l[w][hh], sm_e[w][hh]));
+            out[0] = sm_M[hh];
+            out[1] = L;
+        }
+    }
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t *c = cnt + (int64_t)t * n_head + g;
+        last = atomicAdd(c, 1) == n_used - 1;
+        if (last) *c = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int hh = warp; hh < G; hh += MI_ATTN_WARPS) mi_attn_merge<DPL>(part, t, h0 + hh, n_head, n_used, att, xq, lane);
+}
+
 struct mi_attn_args {
     const float *q;
     const __half *kc, *vc;
@@ -309,6 +529,9 @@ template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cuda
 // (tested), so this is a speed choice only: see docs/perf.md (session 5) for where each wins.
 template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStream_t s) {
     if constexpr (DPL == 2 || DPL == 4) {
+        if (a.group == 2 && a.n_head / a.n_head_kv <= 16)
+            return mi_launch(mi_attn_mma_kernel<DPL>, dim3(a.n_head_kv, a.nt, a.max_splits), MI_ATTN_THREADS, s, a.q, a.kc,
+                             a.vc, a.pos, a.n_head, a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq);
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
         case 3: return mi_attn_launch<DPL, 3>(a, s);
