@@ -436,7 +436,7 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
     kernel's f16 hi + lo operands keep it there)."""
     monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
     monkeypatch.setenv("MI_CUDA_ATTN_GROUP", "0" if group == "mma" else group)
-    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1" if group == "mma" else "0")
+    monkeypatch.setenv("MI_CUDA_ATTN_MMA", os.environ.get("MMA_VARIANT", "1") if group == "mma" else "0")
     F = bg.F32
     model = small_model(8, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
                         **ATTN_SHAPES[shape])
@@ -473,7 +473,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
-                                     ("MI_CUDA_ATTN_MMA", "2")])
+                                     ("MI_CUDA_ATTN_MMA", "5")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -158,7 +158,7 @@ __device__ __forceinline__ void mi_attn_prefetch(const __half *kc, const __half 
 // Merge the n_used split partials [M, L, acc[HD]] of query head h, row t (one warp) into att and
 // its q8a blocks: lane i holds splits i and i + 32 (n_used <= 64) for the max and the denominator;
 // the output dims are 32c + lane (c < DPL), one q8a block per c.
-template <int DPL>
+template <int DPL, int UNR = 8> // UNR: splits' partial loads in flight per lane
 __device__ __forceinline__ void mi_attn_merge(const float *__restrict__ part, int t, int h, int n_head, int n_used,
                                               float *__restrict__ att, mi_block_q8a *__restrict__ xq, int lane) {
     constexpr int HD = DPL * 32;
@@ -174,7 +174,7 @@ __device__ __forceinline__ void mi_attn_merge(const float *__restrict__ part, in
     float A[DPL];
 #pragma unroll
     for (int c = 0; c < DPL; c++) A[c] = 0.0f;
-#pragma unroll 8
+#pragma unroll UNR
     for (int i = 0; i < n_used; i++) {
         const float e = __shfl_sync(MI_FULL_MASK, i < 32 ? e0 : e1, i & 31);
 #pragma unroll
@@ -318,13 +318,14 @@ __device__ __forceinline__ void mi_split_f16x2(float x0, float x1, uint32_t &hi,
     lo = (uint32_t)__half_as_ushort(l0) | ((uint32_t)__half_as_ushort(l1) << 16);
 }
 
-template <int DPL>
-__global__ void __launch_bounds__(MI_ATTN_THREADS)
+// NW warps a block; R >= G rows of the shared-memory merge (16, or 8 when G <= 8).
+template <int DPL, int NW, int R>
+__global__ void __launch_bounds__(NW * 32)
     mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                        const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
                        float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                       mi_block_q8a *__restrict__ xq) {
-    constexpr int HD = DPL * 32, KS = HD / 16, NV = HD / 64, ND = HD / 8, TILE = MI_ATTN_WARPS * MI_ATTN_MMA_TILE;
+                       mi_block_q8a *__restrict__ xq, int prefetch) {
+    constexpr int HD = DPL * 32, KS = HD / 16, NV = HD / 64, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, NTH = NW * 32;
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int G = n_head / n_head_kv, h0 = g * G, kvd = n_head_kv * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -332,7 +333,7 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
     int S, n_used;
     mi_attn_split_size(n_kv, TILE, max_splits, S, n_used);
     const int k0 = s * S, k1 = min(n_kv, k0 + S);
-    if (s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, MI_ATTN_THREADS);
+    if (prefetch && s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, NTH);
     mi_pdl_wait();
     mi_pdl_trigger();
     if (s >= n_used) return;
@@ -384,16 +385,27 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
 #pragma unroll
             for (int mm = 0; mm < NV; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
         }
-        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        // Four independent accumulators per n-tile (hi / lo x even / odd k-step: chains of KS / 2
+        // mma instead of 2 KS), summed in a fixed order.
+        float sc[2][4], sp[2][4][4];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int c = 0; c < HD / 32; c++) {
-                mi_mma_f16(sc[nt], qa[2 * c], kr[nt][c].x, kr[nt][c].y);
-                mi_mma_f16(sc[nt], ql[2 * c], kr[nt][c].x, kr[nt][c].y);
-                mi_mma_f16(sc[nt], qa[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
-                mi_mma_f16(sc[nt], ql[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
+            for (int a = 0; a < 4; a++) sp[nt][a][0] = sp[nt][a][1] = sp[nt][a][2] = sp[nt][a][3] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < HD / 32; c++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                mi_mma_f16(sp[nt][0], qa[2 * c], kr[nt][c].x, kr[nt][c].y);
+                mi_mma_f16(sp[nt][1], ql[2 * c], kr[nt][c].x, kr[nt][c].y);
+                mi_mma_f16(sp[nt][2], qa[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
+                mi_mma_f16(sp[nt][3], ql[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
             }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                sc[nt][i] = __fadd_rn(__fadd_rn(sp[nt][0][i], sp[nt][2][i]), __fadd_rn(sp[nt][1][i], sp[nt][3][i]));
         // sc[nt][2r + e]: row gid + 8r, slot j0 + 8nt + 2tig + e.
         float corr[2];
 #pragma unroll
@@ -449,12 +461,13 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
     }
     // Warps -> this split's partial per query head, as mi_attn_kernel: e_w = exp(m_w - M), then
     // the warps summed in order.
-    __shared__ float sm_m[MI_ATTN_WARPS][16], sm_l[MI_ATTN_WARPS][16], sm_e[MI_ATTN_WARPS][16], sm_M[16];
-    __shared__ float sm_acc[MI_ATTN_WARPS][16][HD];
+    __shared__ float sm_m[NW][R], sm_l[NW][R], sm_e[NW][R], sm_M[R];
+    __shared__ float sm_acc[NW][R][HD + 4]; // + 4: the fragment stores hit 16 banks, not 2
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float lr = __fadd_rn(l[r], __shfl_xor_sync(MI_FULL_MASK, l[r], 1));
         lr = __fadd_rn(lr, __shfl_xor_sync(MI_FULL_MASK, lr, 2));
+        if (gid + 8 * r >= R) break;
         if (tig == 0) {
             sm_m[warp][gid + 8 * r] = m[r];
             sm_l[warp][gid + 8 * r] = lr;
@@ -467,26 +480,26 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
                 for (int e = 0; e < 2; e++) sm_acc[warp][gid + 8 * r][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e];
     }
     __syncthreads();
-    if (threadIdx.x < MI_ATTN_WARPS * 16) {
-        const int hh = threadIdx.x / MI_ATTN_WARPS, w = threadIdx.x % MI_ATTN_WARPS;
+    if (threadIdx.x < NW * R) {
+        const int hh = threadIdx.x / NW, w = threadIdx.x % NW;
         float M = -INFINITY;
 #pragma unroll
-        for (int v = 0; v < MI_ATTN_WARPS; v++) M = fmaxf(M, sm_m[v][hh]);
+        for (int v = 0; v < NW; v++) M = fmaxf(M, sm_m[v][hh]);
         sm_e[w][hh] = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - M); // a warp with no slot adds 0
         if (w == 0) sm_M[hh] = M;
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * HD; idx += MI_ATTN_THREADS) {
+    for (int idx = threadIdx.x; idx < G * HD; idx += NTH) {
         const int hh = idx / HD, dd = idx % HD;
         float a = 0.0f;
 #pragma unroll
-        for (int w = 0; w < MI_ATTN_WARPS; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][hh][dd], sm_e[w][hh]));
+        for (int w = 0; w < NW; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][hh][dd], sm_e[w][hh]));
         float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
         out[2 + dd] = a;
         if (dd == 0) {
             float L = 0.0f;
 #pragma unroll
-            for (int w = 0; w < MI_ATTN_WARPS; w++) L = __fadd_rn(L, __fmul_rn(sm_l[w][hh], sm_e[w][hh]));
+            for (int w = 0; w < NW; w++) L = __fadd_rn(L, __fmul_rn(sm_l[w][hh], sm_e[w][hh]));
             out[0] = sm_M[hh];
             out[1] = L;
         }
@@ -502,7 +515,7 @@ __global__ void __launch_bounds__(MI_ATTN_THREADS)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int hh = warp; hh < G; hh += MI_ATTN_WARPS) mi_attn_merge<DPL>(part, t, h0 + hh, n_head, n_used, att, xq, lane);
+    for (int hh = warp; hh < G; hh += NW) mi_attn_merge<DPL, 16>(part, t, h0 + hh, n_head, n_used, att, xq, lane);
 }
 
 struct mi_attn_args {
@@ -529,9 +542,15 @@ template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cuda
 // (tested), so this is a speed choice only: see docs/perf.md (session 5) for where each wins.
 template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStream_t s) {
     if constexpr (DPL == 2 || DPL == 4) {
-        if (a.group == 2 && a.n_head / a.n_head_kv <= 16)
-            return mi_launch(mi_attn_mma_kernel<DPL>, dim3(a.n_head_kv, a.nt, a.max_splits), MI_ATTN_THREADS, s, a.q, a.kc,
-                             a.vc, a.pos, a.n_head, a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq);
+        if (a.group >= 2 && a.n_head / a.n_head_kv <= 16) {
+            const dim3 grid(a.n_head_kv, a.nt, a.max_splits);
+            const int pf = a.group == 2 || a.group == 4;
+            if (a.group >= 4 && a.n_head / a.n_head_kv <= 8)
+                return mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.n_head,
+                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, pf);
+            return mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.n_head, a.n_head_kv,
+                             a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, pf);
+        }
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
         case 3: return mi_attn_launch<DPL, 3>(a, s);

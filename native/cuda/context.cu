@@ -382,11 +382,11 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     }
     // MI_CUDA_ATTN_MMA=1: the tensor-core attention (attention.cu; head_dim 64 / 128, G <= 16).
     const char *te = getenv("MI_CUDA_ATTN_MMA");
-    if (te && te[0] && strcmp(te, "0") != 0 && strcmp(te, "1") != 0) {
+    if (te && te[0] && (te[0] < '0' || te[0] > '4' || te[1])) {
         free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_MMA=%s: want 0 or 1", te);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_MMA=%s: want 0..4", te);
     }
-    if (te && strcmp(te, "1") == 0) c->attn_group = 2;
+    if (te && te[0] > '0') c->attn_group = 1 + (te[0] - '0'); // EXPERIMENT: 1 / 2 = 4 warps +- prefetch, 3 / 4 = 8 warps
     if (mi_parse_skip(getenv("MI_CUDA_SKIP"), &c->skip)) {
         free(c);
         return MI_ERR_ARG;
