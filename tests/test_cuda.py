@@ -436,7 +436,7 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
     kernel's f16 hi + lo operands keep it there)."""
     monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
     monkeypatch.setenv("MI_CUDA_ATTN_GROUP", "0" if group == "mma" else group)
-    monkeypatch.setenv("MI_CUDA_ATTN_MMA", os.environ.get("MMA_VARIANT", "1") if group == "mma" else "0")
+    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1" if group == "mma" else "0")
     F = bg.F32
     model = small_model(8, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
                         **ATTN_SHAPES[shape])
@@ -453,6 +453,37 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
     lc, _ = run(ctxs[2], batch, range(P, P + 5), V)
     assert np.std(lc) > 0.1
     assert nmse(lb, lc) < 1e-5, nmse(lb, lc)
+
+
+@pytest.mark.parametrize("graphs", ["1", "0"])
+@pytest.mark.parametrize("shape", ["g6_hd128", "g7_hd64", "per_head_g16"])
+def test_attention_switch_position_splits_a_batch(shape, graphs, monkeypatch):
+    """MI_CUDA_ATTN_MMA_FROM=302 with rows at 300..304: one forward runs the CUDA-core kernel for
+    rows 300, 301 and the tensor-core kernel for 302..304 (the graph of both regimes); each row
+    equals its single-token forward bitwise (those use one kernel each) and the CPU within
+    tolerance, and the switch really changes rows (302.. differ from a never-switch context)."""
+    monkeypatch.setenv("MI_CUDA_ATTN_MMA_FROM", "302")
+    F = bg.F32
+    model = small_model(8, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
+                        **ATTN_SHAPES[shape])
+    V, P = SMALL["n_vocab"], 300
+    rng = np.random.default_rng(12)
+    prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
+    ctxs = [make_ctx(model, d, n_ctx=P + 8, graphs=graphs == "1") for d in (1, 1, 0)]
+    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "0")
+    ctxs.append(make_ctx(model, 1, n_ctx=P + 8, graphs=graphs == "1"))
+    for c in ctxs:
+        prefill_chunks(c, prompt, V)
+    lb, ab = run(ctxs[0], batch, range(P, P + 5), V)
+    singles = [run(ctxs[1], [t], [P + i], V) for i, t in enumerate(batch)]
+    assert np.array_equal(lb, np.concatenate([r[0] for r in singles]))
+    assert list(ab) == [int(r[1][0]) for r in singles]
+    lc, _ = run(ctxs[2], batch, range(P, P + 5), V)
+    assert np.std(lc) > 0.1
+    assert nmse(lb, lc) < 1e-5, nmse(lb, lc)
+    ln, _ = run(ctxs[3], batch, range(P, P + 5), V)
+    assert np.array_equal(lb[:2], ln[:2])  # rows below the switch: the same kernel
+    assert not np.array_equal(lb[2:], ln[2:])  # rows from it on: another summation order
 
 
 @pytest.mark.parametrize("shape", ["g2_hd64", "g4_hd128", "g6_hd128", "g7_hd64", "g8_hd64", "g5_hd128", "g7_hd128",
@@ -473,7 +504,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
-                                     ("MI_CUDA_ATTN_MMA", "5")])
+                                     ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
+                                     ("MI_CUDA_ATTN_MMA_FROM", "-1")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

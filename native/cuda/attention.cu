@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
     mi_attn_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                    const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
                    float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                   mi_block_q8a *__restrict__ xq) {
+                   mi_block_q8a *__restrict__ xq, int lo, int hi) {
     constexpr int HD = DPL * 32, U = mi_attn_unroll<DPL>(), TILE = MI_ATTN_WARPS * U, NTH = G * MI_ATTN_THREADS;
     const int x = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int g = G > 1 ? x : x / (n_head / n_head_kv), h0 = G > 1 ? x * G : x;
@@ -210,14 +210,15 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
     // pos was copied in before the forward's first kernel, which every kernel of the chain
     // (transitively) started after: readable before the wait.
     const int n_kv = pos[t] + 1;
+    const bool mine = pos[t] >= lo && pos[t] < hi; // rows of the other attention kernel: skip
     int S, n_used;
     mi_attn_split_size(n_kv, TILE, max_splits, S, n_used);
     const int k0 = s * S, k1 = min(n_kv, k0 + S);
     // prefetch this split's K/V rows of head g (hints; slot pos[t] may still be in flight)
-    if (s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, NTH);
+    if (mine && s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, NTH);
     mi_pdl_wait();
     mi_pdl_trigger();
-    if (s >= n_used) return; // the whole block: n_used is the same for all its threads
+    if (!mine || s >= n_used) return; // the whole block: n_used is the same for all its threads
     float qr[DPL], acc[DPL], m = -INFINITY, l = 0.0f;
     const float *qh = q + ((int64_t)t * n_head + h) * HD + lane * DPL;
 #pragma unroll
@@ -324,19 +325,20 @@ __global__ void __launch_bounds__(NW * 32)
     mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                        const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
                        float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                       mi_block_q8a *__restrict__ xq, int prefetch) {
+                       mi_block_q8a *__restrict__ xq, int lo, int hi) {
     constexpr int HD = DPL * 32, KS = HD / 16, NV = HD / 64, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, NTH = NW * 32;
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int G = n_head / n_head_kv, h0 = g * G, kvd = n_head_kv * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
     const int n_kv = pos[t] + 1; // readable before the wait (mi_attn_kernel)
+    const bool mine = pos[t] >= lo && pos[t] < hi;
     int S, n_used;
     mi_attn_split_size(n_kv, TILE, max_splits, S, n_used);
     const int k0 = s * S, k1 = min(n_kv, k0 + S);
-    if (prefetch && s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, NTH);
+    if (mine && s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, NTH);
     mi_pdl_wait();
     mi_pdl_trigger();
-    if (s >= n_used) return;
+    if (!mine || s >= n_used) return;
     // Q's A fragments, hi and lo: k-step 2c + e, rows gid / gid + 8 (query heads h0 + row, zero
     // beyond G), halves d = 32c + 8tig + 4e + {0,1} (regs 0, 1) and + {2,3} (regs 2, 3).
     uint32_t qa[KS][4], ql[KS][4];
@@ -524,7 +526,7 @@ struct mi_attn_args {
     const int32_t *pos;
     int nt, n_head, n_head_kv;
     float scale;
-    int max_splits, group;
+    int max_splits, group, lo, hi;
     float *part;
     int32_t *cnt;
     float *att;
@@ -534,7 +536,7 @@ struct mi_attn_args {
 template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cudaStream_t s) {
     const dim3 grid(G > 1 ? a.n_head_kv : a.n_head, a.nt, a.max_splits);
     return mi_launch(mi_attn_kernel<DPL, G>, grid, G * MI_ATTN_THREADS, s, a.q, a.kc, a.vc, a.pos, a.n_head, a.n_head_kv,
-                     a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq);
+                     a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi);
 }
 
 // a.group: one block per KV head's query group (instances for head_dim 64 and 128 and groups up
@@ -542,14 +544,14 @@ template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cuda
 // (tested), so this is a speed choice only: see docs/perf.md (session 5) for where each wins.
 template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStream_t s) {
     if constexpr (DPL == 2 || DPL == 4) {
-        if (a.group >= 2 && a.n_head / a.n_head_kv <= 16) {
+        if (a.group == 2) { // tensor cores: 8 warps a block for G <= 8 (the 1.5B at 16k: 1.335 vs 1.490 ms
+                            // with 4; docs/perf.md, session 7), else 4 warps and 16 merge rows
             const dim3 grid(a.n_head_kv, a.nt, a.max_splits);
-            const int pf = a.group == 2 || a.group == 4;
-            if (a.group >= 4 && a.n_head / a.n_head_kv <= 8)
+            if (a.n_head / a.n_head_kv <= 8)
                 return mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.n_head,
-                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, pf);
+                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi);
             return mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.n_head, a.n_head_kv,
-                             a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, pf);
+                             a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi);
         }
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
@@ -566,16 +568,24 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
 }
 } // namespace
 
+bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd) {
+    return n_head_kv >= 1 && n_head % n_head_kv == 0 && n_head / n_head_kv <= 16 && (hd == 64 || hd == 128);
+}
+
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
-                      int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, float *part,
-                      int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s) {
+                      int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
+                      float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s) {
     if (n_head_kv < 1 || n_head % n_head_kv)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
     if (hd % 32 || hd < 32 || hd > 256)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: head_dim %d not a multiple of 32 up to 256", hd);
     if (max_splits < 1 || max_splits > MI_ATTN_SPLITS)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: max_splits %d outside 1..%d", max_splits, MI_ATTN_SPLITS);
-    const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, max_splits, group, part, cnt, att, xq};
+    if (group == 2 && !mi_cuda_attention_mma_applies(n_head, n_head_kv, hd))
+        return mi_set_error(MI_ERR_ARG, "CUDA attention: no tensor-core kernel for head_dim %d, %d query heads per KV head",
+                            hd, n_head / n_head_kv);
+    const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, max_splits, group, lo, hi, part, cnt,
+                            att, xq};
     cudaError_t e = cudaSuccess;
     switch (hd / 32) {
     case 1: e = mi_attn_launch_g<1>(a, s); break;

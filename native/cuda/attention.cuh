@@ -16,13 +16,19 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 // att [nt][n_head*hd] f32 and xq [nt][n_head*hd/32] = softmax(q k^T * scale) v per head, row t
 // over slots 0..pos[t] of k_cache / v_cache ([n_ctx][n_head_kv*hd] f16 of this layer).
 // max_splits (1..MI_ATTN_SPLITS): most KV splits per row and head; it must stay the same for a
-// context's whole life (rows depend on it). group != 0: one block per KV head's query group
-// (same bits, another speed). part: mi_attn_part_floats(nt, ...) floats of scratch; cnt: int32
-// [nt][n_head], zero before the first call (each call leaves it zero again).
+// context's whole life (rows depend on it). group 1: one block per KV head's query group (same
+// bits as 0, another speed); group 2: the tensor-core kernel (another summation order, within
+// tolerance; mi_cuda_attention_mma_applies). Only rows with lo <= pos[t] < hi are computed (the
+// others are left for another call), so two calls can split a batch by position.
+// part: mi_attn_part_floats(nt, ...) floats of scratch; cnt: int32 [nt][n_head], zero before the
+// first call (each call leaves it zero again).
 // Returns MI_OK; MI_ERR_ARG for head_dim not a multiple of 32 up to 256, n_head not a multiple of
-// n_head_kv or max_splits outside 1..MI_ATTN_SPLITS; MI_ERR_CUDA when the launch fails.
-// Algorithm: flash-decoding (split-KV online softmax, attention.cu).
+// n_head_kv, max_splits outside 1..MI_ATTN_SPLITS or group 2 where it does not apply; MI_ERR_CUDA
+// when the launch fails. Algorithm: flash-decoding (split-KV online softmax, attention.cu).
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
-                      int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, float *part,
-                      int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s);
+                      int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
+                      float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s);
+// Whether the tensor-core kernel serves this head layout: head_dim 64 or 128, <= 16 query heads per
+// KV head.
+bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd);
 #endif

@@ -10,6 +10,7 @@
 // in device buffers filled by one copy before launch, so a captured graph replays for any position.
 // Set MI_CUDA_GRAPHS=0 in the environment to run every forward without graphs.
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
@@ -23,6 +24,11 @@
 #include "rope.cuh"
 
 #define MI_GRAPH_MAX_NT 9 // graphs for nt = 1..9 (issue 4), all on the bitwise mat-vec path
+// Default position from which rows take the tensor-core attention: its fixed cost per layer is higher
+// (1.5B shape at depth 0: 1.022 vs 0.947 ms a token) and its cost per cached slot lower (4096:
+// 1.120 vs 1.176; 16384: 1.335 vs 1.633); the two cross near 2,300 on the 1.5B shape, ~700 on the
+// 7B (docs/perf.md, session 7).
+#define MI_ATTN_MMA_FROM 2048
 
 struct mi_cuda_layer {
     mi_dtensor wq, wk, wv, wo, gate, up, down;
@@ -61,6 +67,12 @@ struct mi_cuda_ctx {
     // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..64, default 64)
     // and MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group, same bits; attention.cu).
     int attn_splits, attn_group;
+    // Rows at positions >= attn_mma_from run the tensor-core attention, the others the CUDA-core
+    // kernel (INT_MAX: never; 0: always): a function of the position alone, so rows stay bitwise
+    // across nt. MI_CUDA_ATTN_MMA=0 / 1 forces never / always, MI_CUDA_ATTN_MMA_FROM=N moves the
+    // switch (default MI_ATTN_MMA_FROM where the kernel applies, else never).
+    int attn_mma_from;
+    int last_regime; // regime (mi_regime) of the last forward: the graph mi_cuda_replay_ms replays
     float *amax_v;         // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (value)
     int32_t *amax_i;       // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (index)
     int32_t *amax_cnt;     // [max_nt] argmax block counters (kept zero between launches)
@@ -77,7 +89,9 @@ struct mi_cuda_ctx {
     int32_t *h_ints;       // pinned host staging, same layout
     int split_ffn;         // ffn_gate and ffn_up differ in type: separate launches + swiglu
     cudaStream_t stream;
-    cudaGraphExec_t graphs[MI_GRAPH_MAX_NT + 1]; // index nt; NULL until first use
+    // [regime - 1][nt]: regime bit 0 = some row below attn_mma_from, bit 1 = some row at or above
+    // it (which attention kernels the forward launches); NULL where not captured.
+    cudaGraphExec_t graphs[3][MI_GRAPH_MAX_NT + 1];
     int use_graphs;
     // MI_CUDA_PROFILE=1 (with graphs off): events between the ops of each forward, summed per op
     // kind and printed to stderr when the context is freed. Costs a little launch time.
@@ -168,7 +182,7 @@ int mi_oom(const char *what, size_t bytes) {
 // Enqueue one forward of nt rows on c->stream. graph: the final norm/LM head/argmax cover all nt
 // rows and read n_out from the device (rows >= n_out are skipped or computed and ignored), so the
 // captured work does not depend on n_out; else they cover exactly n_out rows.
-int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
+int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
     cudaStream_t s = c->stream;
     const int E = c->n_embd, F = c->n_ff, HD = c->head_dim, QD = c->n_head * HD, KD = c->n_head_kv * HD;
     const int32_t *tok = c->ints, *pos = c->ints + c->max_nt, *rows = c->ints + 2 * c->max_nt;
@@ -240,9 +254,14 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
         if (!fuse_rope)
             MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
                                s));
-        MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
-                                             c->attn_splits, c->attn_group, c->part,
-                                             c->attn_cnt, c->att, c->xq, s));
+        if (regime & 1)
+            MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
+                                                 c->attn_splits, c->attn_group, 0, c->attn_mma_from, c->part,
+                                                 c->attn_cnt, c->att, c->xq, s));
+        if (regime & 2)
+            MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
+                                                 c->attn_splits, 2, c->attn_mma_from, INT_MAX, c->part,
+                                                 c->attn_cnt, c->att, c->xq, s));
         MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
         MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
         const bool q_down = L->down.type != MI_TYPE_F32 && L->down.type != MI_TYPE_F16;
@@ -285,9 +304,16 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out) {
     return MI_OK;
 }
 
-int mi_capture(mi_cuda_ctx *c, int nt) {
+// Which attention kernels rows at positions pos[0..nt) need (bit 0: CUDA-core, bit 1: tensor-core).
+int mi_regime(const mi_cuda_ctx *c, const int32_t *pos, int nt) {
+    int r = 0;
+    for (int i = 0; i < nt; i++) r |= pos[i] >= c->attn_mma_from ? 2 : 1;
+    return r ? r : 1;
+}
+
+int mi_capture(mi_cuda_ctx *c, int nt, int regime) {
     MI_CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-    const int rc = mi_enqueue(c, nt, 1, nt);
+    const int rc = mi_enqueue(c, nt, 1, nt, regime);
     cudaGraph_t g = nullptr;
     const cudaError_t e = cudaStreamEndCapture(c->stream, &g); // always end the capture, even after a failure
     if (rc) {
@@ -295,10 +321,11 @@ int mi_capture(mi_cuda_ctx *c, int nt) {
         return rc;
     }
     if (e != cudaSuccess) return mi_set_error(MI_ERR_CUDA, "graph capture: %s", cudaGetErrorString(e));
-    const cudaError_t e2 = cudaGraphInstantiate(&c->graphs[nt], g, 0);
+    cudaGraphExec_t *slot = &c->graphs[regime - 1][nt];
+    const cudaError_t e2 = cudaGraphInstantiate(slot, g, 0);
     cudaGraphDestroy(g);
     if (e2 != cudaSuccess) {
-        c->graphs[nt] = nullptr;
+        *slot = nullptr;
         return mi_set_error(MI_ERR_CUDA, "graph instantiate: %s", cudaGetErrorString(e2));
     }
     return MI_OK;
@@ -339,8 +366,9 @@ extern "C" void mi_cuda_ctx_free(mi_cuda_ctx *c) {
         if (c->ev && c->ev[i]) cudaEventDestroy(c->ev[i]);
     free(c->ev);
     free(c->ev_kind);
-    for (int i = 0; i <= MI_GRAPH_MAX_NT; i++)
-        if (c->graphs[i]) cudaGraphExecDestroy(c->graphs[i]);
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i <= MI_GRAPH_MAX_NT; i++)
+            if (c->graphs[r][i]) cudaGraphExecDestroy(c->graphs[r][i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     cudaFree(c->weights);
     cudaFree(c->arena);
@@ -382,11 +410,21 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     }
     // MI_CUDA_ATTN_MMA=1: the tensor-core attention (attention.cu; head_dim 64 / 128, G <= 16).
     const char *te = getenv("MI_CUDA_ATTN_MMA");
-    if (te && te[0] && (te[0] < '0' || te[0] > '4' || te[1])) {
+    if (te && te[0] && strcmp(te, "0") != 0 && strcmp(te, "1") != 0) {
         free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_MMA=%s: want 0..4", te);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_MMA=%s: want 0 or 1", te);
     }
-    if (te && te[0] > '0') c->attn_group = 1 + (te[0] - '0'); // EXPERIMENT: 1 / 2 = 4 warps +- prefetch, 3 / 4 = 8 warps
+    const char *fe2 = getenv("MI_CUDA_ATTN_MMA_FROM");
+    char *fe2_end = nullptr;
+    const long mma_from = fe2 ? strtol(fe2, &fe2_end, 10) : MI_ATTN_MMA_FROM;
+    if (fe2 && (fe2_end == fe2 || *fe2_end || mma_from < 0 || mma_from > INT_MAX)) {
+        free(c);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_MMA_FROM=%s: want a position >= 0", fe2);
+    }
+    c->attn_mma_from = !mi_cuda_attention_mma_applies(d->n_head, d->n_head_kv, d->head_dim) ? INT_MAX
+                       : te && strcmp(te, "0") == 0                                       ? INT_MAX
+                       : te && strcmp(te, "1") == 0                                       ? 0
+                                                                                          : (int)mma_from;
     if (mi_parse_skip(getenv("MI_CUDA_SKIP"), &c->skip)) {
         free(c);
         return MI_ERR_ARG;
@@ -528,8 +566,13 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     }());
     // Every graph captured now (a few ms), never inside the decode loop: a first use at a new nt
     // would otherwise cost a capture (~10 ms) inside a timed speculative round.
+    // One graph per regime a batch can be in: 3 x 9 when the switch position lies inside the context.
     if (c->use_graphs)
-        for (int nt = 1; nt <= MI_GRAPH_MAX_NT && nt <= max_nt; nt++) MI_FAIL(mi_capture(c, nt));
+        for (int r = 1; r <= 3; r++) {
+            if ((r & 1) && c->attn_mma_from == 0) continue;          // no row below the switch
+            if ((r & 2) && c->attn_mma_from >= n_ctx) continue;       // no row at or above it
+            for (int nt = 1; nt <= MI_GRAPH_MAX_NT && nt <= max_nt; nt++) MI_FAIL(mi_capture(c, nt, r));
+        }
 #undef MI_FAIL
     *out = c;
     return MI_OK;
@@ -543,10 +586,13 @@ extern "C" int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int3
     if (n_out) memcpy(c->h_ints + 2 * M, out_rows, n_out * 4);
     c->h_ints[3 * M] = n_out;
     MI_CUDA_TRY(cudaMemcpyAsync(c->ints, c->h_ints, ((size_t)3 * M + 1) * 4, cudaMemcpyHostToDevice, c->stream));
+    const int regime = mi_regime(c, pos, nt);
+    c->last_regime = regime;
     if (c->use_graphs && nt <= MI_GRAPH_MAX_NT) {
-        MI_CUDA_TRY(cudaGraphLaunch(c->graphs[nt], c->stream)); // captured at creation
+        if (!c->graphs[regime - 1][nt]) return mi_set_error(MI_ERR_ARG, "no captured graph for nt=%d, regime %d", nt, regime);
+        MI_CUDA_TRY(cudaGraphLaunch(c->graphs[regime - 1][nt], c->stream)); // captured at creation
     } else {
-        const int rc = mi_enqueue(c, nt, 0, n_out);
+        const int rc = mi_enqueue(c, nt, 0, n_out, regime);
         if (rc) return rc;
     }
     if (n_out > 0 && argmax)
@@ -569,15 +615,17 @@ extern "C" int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int3
 }
 
 extern "C" int mi_cuda_replay_ms(mi_cuda_ctx *c, int32_t nt, int32_t reps, float *ms) {
-    if (nt < 1 || nt > MI_GRAPH_MAX_NT || nt > c->max_nt || !c->graphs[nt])
+    // The graph of the last forward's regime (its positions are still in the device buffer).
+    const int r = c->last_regime > 0 ? c->last_regime - 1 : 0;
+    if (nt < 1 || nt > MI_GRAPH_MAX_NT || nt > c->max_nt || !c->graphs[r][nt])
         return mi_set_error(MI_ERR_ARG, "no captured graph for nt=%d (graphs %s)", nt, c->use_graphs ? "on" : "off");
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     int rc = [&]() -> int {
         MI_CUDA_TRY(cudaEventCreate(&e0));
         MI_CUDA_TRY(cudaEventCreate(&e1));
-        MI_CUDA_TRY(cudaGraphLaunch(c->graphs[nt], c->stream)); // warm
+        MI_CUDA_TRY(cudaGraphLaunch(c->graphs[r][nt], c->stream)); // warm
         MI_CUDA_TRY(cudaEventRecord(e0, c->stream));
-        for (int i = 0; i < reps; i++) MI_CUDA_TRY(cudaGraphLaunch(c->graphs[nt], c->stream));
+        for (int i = 0; i < reps; i++) MI_CUDA_TRY(cudaGraphLaunch(c->graphs[r][nt], c->stream));
         MI_CUDA_TRY(cudaEventRecord(e1, c->stream));
         MI_CUDA_TRY(cudaEventSynchronize(e1));
         float t = 0.0f;
