@@ -27,7 +27,7 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 // when the launch fails. Algorithm: flash-decoding (split-KV online softmax, attention.cu).
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
-                      float *part, int32_t *cnt, float *att, mi_block_q8g *xq, cudaStream_t s);
+                      float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s);
 // Whether the tensor-core kernel serves this head layout: head_dim 64 or 128, <= 16 query heads per
 // KV head.
 bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd);

@@ -58,26 +58,13 @@ __device__ __forceinline__ uint32_t mi_ld_a2(const uint8_t *p) {
 __device__ __forceinline__ uint32_t mi_ld_a4(const uint8_t *p) { return *(const uint32_t *)p; }
 __device__ __forceinline__ float mi_ld_f16(const uint8_t *p) { return __half2float(*(const __half *)p); }
 
-// The GPU's activation block: the q8a block of mi_quants.h (same values, same quantization) with
-// qs first and padded to 48 bytes, so qs is 16-byte aligned: a mat-vec reads a block's 32 int8 in
-// two 16-byte loads and d, s in one 8-byte load (three load instructions per activation row and
-// chunk instead of six; the mat-vec issues them once per row, so they grow with nt). GPU-private:
-// no q8a block crosses between the host and the device.
-// byte layout: qs[0..31] int8 | d f32 @32 | s f32 @36 | 8 bytes padding @40
-struct __align__(16) mi_block_q8g {
-    int8_t qs[32];
-    float d, s;
-    float pad[2];
-};
-static_assert(sizeof(mi_block_q8g) == 48, "mi_block_q8g is 48 bytes");
-
 // One warp quantizes 32 activations (one per lane) to a q8a block exactly as mi_quantize_q8a:
 // d = amax/127, q = round(x/d), s = d*sum(q). Correctly rounded division/reciprocal keep it
 // bitwise equal to the CPU's quantization of the same floats. On sm_80+ the max and the sum are
 // one warp-reduce instruction each instead of five shuffles: a max of non-negative floats is the
 // max of their bit patterns, and an integer sum has no order (exact, so the same bits; only a NaN
 // input differs: it then wins the max instead of being skipped, and the block is NaN either way).
-__device__ __forceinline__ void mi_quant_chunk_warp(float v, mi_block_q8g *out, int lane) {
+__device__ __forceinline__ void mi_quant_chunk_warp(float v, mi_block_q8a *out, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const float amax = __uint_as_float(__reduce_max_sync(MI_FULL_MASK, __float_as_uint(fabsf(v))));
 #else

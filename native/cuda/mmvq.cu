@@ -60,7 +60,7 @@ bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
 }
 
-int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8g *xq, const float *xf, int64_t ldx,
+int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s) {
     if (w_up && (w_up->type != w->type || w_up->n_rows != w->n_rows || w_up->n_cols != w->n_cols))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: SwiGLU pair differs in type or shape");
@@ -99,7 +99,7 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     return MI_OK;
 }
 
-int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8g *xq, const float *xf, int64_t ldx,
+int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                  int nt, float *y, int64_t ldy, const float *bias, int accumulate, cudaStream_t s) {
     mi_mmvq_out o;
     memset(&o, 0, sizeof o);
