@@ -291,8 +291,10 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
 // K/V row is read once per block instead of once per query head, and q.K and P.V are summed over
 // d and over slots by the tensor cores instead of by shuffles and FMA chains. The operands are f16:
 // K and V are f16 already; q (f32) and P (f32 in [0, 1]) are each split into hi = f16(x) and
-// lo = f16(x - hi), two mma per product, so they keep ~22 significant bits, and the products are
-// summed in f32 (PTX ISA, "Warp-level matrix multiply-accumulate instructions"). Not bitwise equal
+// lo = f16(x - hi), two mma per product, so they keep ~22 significant bits for |x| >= 2^-3 (below
+// that lo is a subnormal f16: an absolute error of ~3e-8), and the products are summed in f32
+// (PTX ISA, "Warp-level matrix multiply-accumulate instructions"). |q| >= 65520 would overflow f16
+// (hi = inf: NaN scores) where the CUDA-core kernel stays finite; K must fit f16 anyway. Not bitwise equal
 // to the CUDA-core kernels or to the CPU (another summation order: a stated tolerance, tests), but
 // rows stay bitwise across nt: a warp takes 16-slot tiles j0 = k0 + 16w, + 64, ... of its split,
 // all functions of pos[t] alone.
