@@ -175,7 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repetitions < 1:
         raise ValueError("-r/--repetitions must be >= 1")
     if args.n_prompt < 0 or args.n_gen < 0 or args.depth < 0:
-        raise ValueError("-p, -n and --depth must be >= 0")
+        raise ValueError("-p, -n and -d/--depth must be >= 0")
     if not (args.n_prompt or args.n_gen or args.verify_curve or args.spec_draft):
         raise ValueError("nothing to measure: give -p and/or -n > 0, --verify-curve or --spec-draft")
 
@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-n", "--n-gen", type=int, default=128)
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("-o", "--output", default="md", choices=["md", "json", "csv"])
-    b.add_argument("--depth", type=int, default=0, help="context depth before the tg test (tokens)")
+    b.add_argument("-d", "--n-depth", "--depth", dest="depth", type=int, default=0,
+                   help="context depth before the tg test, in tokens (llama-bench's -d)")
     b.add_argument("--verify-curve", action="store_true", help="print C_T(nt)/C_T(1) for nt = 1..16")
     _add_spec_args(b)
     b.set_defaults(func=cmd_bench)

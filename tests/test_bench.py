@@ -1,0 +1,77 @@
+"""``pyminfer bench`` (llama-bench style) on the CPU with SmolLM2: every output format, the depth,
+verify-curve and speculative modes, and its argument errors. Timings are only checked for being
+positive and finite (speed claims live in docs/perf.md, never in tests)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+
+def bench(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "bench", "--device", "cpu", "-t", "2", *args],
+                         capture_output=True, text=True, timeout=600)
+    if ok:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_pp_tg_json(smol_path):
+    rows = json.loads(bench("-m", str(smol_path), "-p", "16", "-n", "4", "-r", "2", "-o", "json").stdout)
+    assert [r["test"] for r in rows] == ["pp16", "tg4"]
+    for r in rows:
+        assert r["model"] == smol_path.name and r["device"] == "cpu" and r["reps"] == 2
+        assert r["mean"] > 0 and math.isfinite(r["mean"]) and r["stddev"] >= 0
+        assert r["tok_s"].startswith(f"{r['mean']:.2f} ± ")
+        assert r["size_GiB"] > 0.05
+    assert rows[1]["roofline"].endswith("GB/s")
+
+
+def test_csv_and_markdown(smol_path):
+    out = bench("-m", str(smol_path), "-p", "0", "-n", "2", "-r", "1", "-o", "csv").stdout
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 1 and rows[0]["test"] == "tg2" and float(rows[0]["mean"]) > 0
+    md = bench("-m", str(smol_path), "-p", "8", "-n", "0", "-r", "1").stdout.splitlines()
+    assert md[0].startswith("| model |") and md[1].startswith("|---|") and "pp8" in md[2]
+
+
+@pytest.mark.parametrize("flag", ["-d", "--n-depth", "--depth"])
+def test_depth(smol_path, flag):
+    rows = json.loads(bench("-m", str(smol_path), "-p", "0", "-n", "2", "-r", "1", flag, "40", "-o", "json").stdout)
+    assert rows[0]["test"] == "tg2 @ d40" and rows[0]["mean"] > 0
+
+
+def test_verify_curve(smol_path):
+    rows = json.loads(bench("-m", str(smol_path), "--verify-curve", "-o", "json").stdout)
+    assert [r["nt"] for r in rows] == list(range(1, 17))
+    assert rows[0]["C_T(nt)/C_T(1)"] == 1.0
+    assert all(r["ms"] > 0 and math.isfinite(r["C_T(nt)/C_T(1)"]) for r in rows)
+
+
+def test_spec_draft(smol_path):
+    """SmolLM2 drafting for itself: every draft is accepted, and the bench's identity check (the
+    speculative ids equal the sequential ones) prints no warning."""
+    out = bench("-m", str(smol_path), "--spec-draft", str(smol_path), "--spec-draft-n", "3", "-n", "12", "-r", "1",
+                "-o", "json")
+    assert "WARNING" not in out.stderr
+    rows = json.loads(out.stdout)
+    assert {r["prompt"] for r in rows} == {"code", "prose"} and len(rows) == 4
+    for r in rows:
+        # d = 3 but the last round drafts no more than the -n budget needs
+        assert r["acceptance"] == 1.0 and 2.0 < r["mean_depth"] <= 3.0
+        assert r["seq_tok_s"] > 0 and r["spec_tok_s"] > 0 and r["predicted_spec_tok_s"] > 0
+        assert set(int(x.split(":")[0]) for x in r["depths"].split()) <= {1, 2, 3}
+
+
+@pytest.mark.parametrize("args,msg", [(["-r", "0"], "repetitions"), (["-p", "0", "-n", "0"], "nothing to measure"),
+                                      (["-d", "-1"], "must be >= 0"), (["--spec-draft-n", "9", "--spec-draft", "x"],
+                                                                       "spec-draft-n")])
+def test_bad_arguments(smol_path, args, msg):
+    out = bench("-m", str(smol_path), *args, ok=False)
+    assert out.returncode == 1 and msg in out.stderr and "Traceback" not in out.stderr
