@@ -8,7 +8,7 @@ the H200, docs/perf.md session 5): the target's C_T(nt), a draft step, the extra
 first draft step (it feeds 1-2 committed tokens), host work per round and per emitted token.
 Speedups are against plain decoding (C_T(1) + per-token work a token).
 
-    python3 bench/replay_adaptive.py [--repeat 4] [--hysteresis 0.05,0.02] [--rem 0.03]
+    python3 bench/replay_adaptive.py [--repeat 4] [--hysteresis 0.05,0.02] [--start 4,2] [--rem 0.03]
     python3 bench/replay_adaptive.py --measure      # recompute the sequences (real models, CPU, ~3 min)
 """
 
@@ -22,7 +22,8 @@ from pathlib import Path
 from pyminfer.spec import MAX_DEPTH, AdaptiveDepth
 
 DATA = Path(__file__).with_name("agreement_real_pair.json")
-CT_H200 = [1.007, 1.175, 1.356, 1.551, 1.731, 1.948, 2.157, 2.350]  # real 1.5B, nt = 1..8, ms
+# real 1.5B, nt = 1..9, ms (H200, docs/perf.md session 7: `pyminfer bench --verify-curve`)
+CT_H200 = [1.045, 1.175, 1.373, 1.549, 1.741, 1.973, 2.168, 2.377, 3.062]
 
 
 def measure(n_gen: int = 256) -> None:
@@ -49,11 +50,13 @@ def measure(n_gen: int = 256) -> None:
                                 "prompts": prompts}, indent=1))
 
 
-def replay(agree: list[int], depth: int | None, a: argparse.Namespace, hysteresis: float, seed: int = 0) -> tuple[float, list[int]]:
-    """Speedup over plain decoding of one run (depth None: adaptive) and the depths it ran."""
+def replay(agree: list[int], depth: int | None, a: argparse.Namespace, hysteresis: float, seed: int = 0,
+           start: int = 4) -> tuple[float, list[int]]:
+    """Speedup over plain decoding of one run (depth None: adaptive, first drafting at ``start``)
+    and the depths it ran."""
     rng = random.Random(seed)
     ct = [float(x) for x in a.ct.split(",")]
-    ctl = AdaptiveDepth(max_depth=MAX_DEPTH, start=4, hysteresis=hysteresis) if depth is None else None
+    ctl = AdaptiveDepth(max_depth=MAX_DEPTH, start=start, hysteresis=hysteresis) if depth is None else None
     n, i, t, last, used = len(agree), 1, 0.0, None, []  # token 0 comes from the prefill
     while i < n:
         if ctl and last:
@@ -81,8 +84,9 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true", help="recompute the agreement sequences first")
     ap.add_argument("--repeat", type=int, default=4, help="replay each sequence this many times end to end")
     ap.add_argument("--hysteresis", default="0.05,0.02", help="controller switch margins to compare")
-    ap.add_argument("--ct", default=",".join(map(str, CT_H200)), help="C_T(nt) ms, nt = 1..8")
-    ap.add_argument("--cd", type=float, default=0.665, help="draft step, ms")
+    ap.add_argument("--start", default="4", help="adaptive start depths to compare (--spec-draft-n; default 4)")
+    ap.add_argument("--ct", default=",".join(map(str, CT_H200)), help=f"C_T(nt) ms, nt = 1..{MAX_DEPTH + 1}")
+    ap.add_argument("--cd", type=float, default=0.668, help="draft step, ms")
     ap.add_argument("--first", type=float, default=0.08, help="extra of a round's first draft step, ms")
     ap.add_argument("--rem", type=float, default=0.03, help="host work a round, ms")
     ap.add_argument("--tok", type=float, default=0.013, help="host work an emitted token, ms")
@@ -90,22 +94,26 @@ def main() -> None:
     a = ap.parse_args()
     try:
         ok = len([float(x) for x in a.ct.split(",")]) == MAX_DEPTH + 1 and all(0 <= float(h) < 1 for h in a.hysteresis.split(","))
+        ok = ok and all(1 <= int(x) <= MAX_DEPTH for x in a.start.split(","))
     except ValueError:
         ok = False
     if not ok:
-        ap.error(f"--ct wants {MAX_DEPTH + 1} numbers (ms, nt = 1..{MAX_DEPTH + 1}); --hysteresis fractions in [0, 1)")
+        ap.error(f"--ct wants {MAX_DEPTH + 1} numbers (ms, nt = 1..{MAX_DEPTH + 1}); --hysteresis fractions in [0, 1); "
+                 f"--start depths in 1..{MAX_DEPTH}")
     if a.measure:
         measure()
     hs = [float(h) for h in a.hysteresis.split(",")]
+    starts = [int(x) for x in a.start.split(",")]
+    cfgs = [(h, st) for st in starts for h in hs]
     print("| prompt | " + " | ".join(f"d={d}" for d in range(MAX_DEPTH + 1)) + " | "
-          + " | ".join(f"adaptive h={h}" for h in hs) + " |")
-    print("|---" * (MAX_DEPTH + 2 + len(hs)) + "|")
+          + " | ".join(f"adaptive h={h} start={st}" for h, st in cfgs) + " |")
+    print("|---" * (MAX_DEPTH + 2 + len(cfgs)) + "|")
     for p in json.loads(DATA.read_text())["prompts"]:
         agree = [int(c) for c in p["agree"]] * a.repeat
         fixed = [replay(agree, d, a, 0.0)[0] for d in range(MAX_DEPTH + 1)]
         adap = []
-        for h in hs:
-            sp, used = replay(agree, None, a, h)
+        for h, st in cfgs:
+            sp, used = replay(agree, None, a, h, start=st)
             common = max(set(used), key=used.count)
             adap.append(f"{sp:.3f} (d={common} {used.count(common) / len(used):.0%})")
         print(f"| {p['cat']} | " + " | ".join(f"{x:.3f}" for x in fixed) + " | " + " | ".join(adap) + " |")
