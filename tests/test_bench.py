@@ -75,3 +75,16 @@ def test_spec_draft(smol_path):
 def test_bad_arguments(smol_path, args, msg):
     out = bench("-m", str(smol_path), *args, ok=False)
     assert out.returncode == 1 and msg in out.stderr and "Traceback" not in out.stderr
+
+
+def test_replay_adaptive_script_runs():
+    """bench/replay_adaptive.py (the CPU replay of the adaptive controller) runs on its defaults: its
+    cost curve must cover every verify width MAX_DEPTH allows (it refused to run when MAX_DEPTH grew)."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "replay_adaptive.py"
+    out = subprocess.run([sys.executable, str(script), "--repeat", "1", "--start", "4,2", "--hysteresis", "0.05"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("| code") or ln.startswith("| prose")]
+    assert len(lines) == 4 and all(ln.count("adaptive") == 0 and ln.count("(d=") == 2 for ln in lines)
