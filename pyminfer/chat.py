@@ -89,8 +89,13 @@ class ChatSession:
         ids = self.build_prompt(msgs)
         # drop the oldest turns until the prompt leaves room to answer
         room = min(256, max(self.model.n_ctx // 4, 1))
+        dropped = 0
         while len(ids) + room > self.model.n_ctx and self._drop_oldest(msgs):
             ids = self.tok.encode(self._render(msgs), parse_special=True)
+            dropped += 1
+        if dropped:
+            log(f"pyminfer: the conversation no longer fits n_ctx={self.model.n_ctx}: dropped its {dropped} oldest "
+                f"exchange{'s' if dropped > 1 else ''}")
         if len(ids) >= self.model.n_ctx:
             raise ContextFull(f"the message needs {len(ids)} tokens; the context holds n_ctx={self.model.n_ctx}")
         n_past = common_prefix(self.cache_ids, ids)

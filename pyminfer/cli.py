@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Sequence
 
@@ -42,6 +43,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from .models import resolve_model
 
     path = resolve_model(args.model)
+    # a missing draft file is reported before the target's (slow) load
+    draft_path = resolve_model(args.spec_draft) if getattr(args, "spec_draft", None) else None
     model = Model(path, device=args.device, n_ctx=args.ctx_size, n_threads=args.threads)
     log(f"pyminfer: loaded {path.name} ({model.config.arch}, {model.gguf.file_type}, {model.device}) "
         f"in {model.load_time:.2f} s")
@@ -49,7 +52,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     if getattr(args, "spec_draft", None):
         from .spec import check_draft
 
-        draft = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=model.n_ctx, n_threads=args.threads)
+        draft = Model(draft_path, device=args.device, n_ctx=model.n_ctx, n_threads=args.threads)
         check_draft(model, draft)
         log(f"pyminfer: draft {draft.gguf.path.name} loaded in {draft.load_time:.2f} s")
     return model, draft
@@ -68,6 +71,9 @@ def _check_common(args: argparse.Namespace) -> None:
     """Argument checks that need no model, run before the (slow) load."""
     if args.threads < 0:
         raise ValueError("--threads must be >= 0 (0: all cores)")
+    ncpu = os.cpu_count() or 1
+    if args.threads > 4 * ncpu:
+        raise ValueError(f"--threads {args.threads} is more than 4x this machine's {ncpu} cores (0: all cores)")
     if args.ctx_size is not None and args.ctx_size < 1:
         raise ValueError("--ctx-size must be >= 1")
     if getattr(args, "spec_draft", None) is None and getattr(args, "spec_draft_adaptive", False):
@@ -86,7 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.prompt is not None and args.file:
         raise ValueError("give the prompt with -p or -f, not both")
     prompt = args.prompt
-    if args.file:
+    if args.file == "-":
+        prompt = sys.stdin.read()
+    elif args.file:
         with open(args.file, encoding="utf-8") as f:
             prompt = f.read()
     if prompt is None:
@@ -191,6 +199,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .server import main_serve
 
+    _check_common(args)  # bad flags end here, not in every request once the server is up
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
     return main_serve(args)
 
 
@@ -201,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="generate text from a prompt")
     _add_model_args(r)
     r.add_argument("-p", "--prompt", default=None)
-    r.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    r.add_argument("-f", "--file", default=None, help="read the prompt from a file ('-': standard input)")
     r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
     r.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -250,12 +261,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(s)
     _add_spec_args(s)
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--port", type=int, default=8080, help="TCP port (0..65535)")
     s.set_defaults(func=cmd_serve)
     return ap
 
 
+def _show_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    """Warnings (a draft larger than its target, ...) as one stderr line, like the errors."""
+    print(f"pyminfer: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
+    warnings.showwarning = _show_warning
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -126,10 +126,21 @@ class GGUFModel:
 
         n_head = int(req("attention.head_count"))
         n_embd = int(req("embedding_length"))
+        if n_head <= 0 or n_embd <= 0:
+            raise GGUFError(f"{self.path}: invalid model dimensions ({p}attention.head_count {n_head}, "
+                            f"{p}embedding_length {n_embd})")
         head_dim = int(_field(r, p + "attention.key_length", n_embd // n_head))
         if "token_embd.weight" not in self.tensors:
             raise GGUFError(f"{self.path}: missing tensor token_embd.weight")
         n_vocab = self.tensors["token_embd.weight"][3]
+        # Metadata the tensors contradict is a corrupt or mis-converted file, not something to guess past.
+        vs = _field(r, p + "vocab_size")
+        if vs is not None and int(vs) != n_vocab:
+            raise GGUFError(f"{self.path}: {p}vocab_size {int(vs)} differs from token_embd.weight's {n_vocab} rows")
+        rd = _field(r, p + "rope.dimension_count")
+        if rd is not None and int(rd) != head_dim:
+            raise GGUFError(f"{self.path}: {p}rope.dimension_count {int(rd)} != head_dim {head_dim}: partial "
+                            "rotary embeddings are not supported")
         tied = "output.weight" not in self.tensors
         return ModelConfig(
             arch=arch,

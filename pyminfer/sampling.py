@@ -20,7 +20,7 @@ class SamplingParams:
 
     temperature: <= 0 means greedy (argmax). top_k: <= 0 disables. top_p, min_p: 1.0 / 0.0 disable.
     repeat_penalty: 1.0 disables; applied over the last repeat_last_n tokens of the context.
-    seed: RNG seed (None: random).
+    seed: RNG seed (None or negative: random, as llama.cpp's -1).
     """
 
     temperature: float = 0.8
@@ -71,7 +71,8 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         params.validate()
         self.p = params
-        self.rng = np.random.default_rng(params.seed)
+        seed = params.seed
+        self.rng = np.random.default_rng(None if seed is None or seed < 0 else seed)  # -1: random
 
     def penalty_window(self, history: Sequence[int]) -> Sequence[int]:
         n = self.p.repeat_last_n

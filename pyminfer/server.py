@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import threading
 import time
 import uuid
@@ -308,6 +309,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
     app = FastAPI(title="pyminfer", lifespan=lifespan)
     app.state.pyminfer = state
+    app.add_middleware(_CatchAll, state=state)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -616,6 +618,39 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+class _CatchAll:
+    """ASGI middleware: an unhandled exception becomes the 500 JSON error (type server_error), logged
+    with its traceback, and is not re-raised. Starlette's outermost ServerErrorMiddleware answers
+    with the app's Exception handler and then re-raises, and uvicorn then drops the keep-alive
+    connection, so a client's next request on it failed with "connection reset" (a response
+    already started, e.g. a stream, still re-raises: nothing better can be sent)."""
+
+    def __init__(self, app: Any, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_(msg: Any) -> None:
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_)
+        except Exception as exc:  # noqa: BLE001 - every error must become a response
+            if started:
+                raise
+            logging.getLogger("uvicorn.error").exception("pyminfer: error while serving %s", scope.get("path"))
+            with self.state.metrics.lock:
+                self.state.metrics.errors += 1
+            await APIError(500, f"{type(exc).__name__}: {exc}", type="server_error").response()(scope, receive, send)
+
+
 def main_serve(args: Any) -> int:
     """``pyminfer serve``: start uvicorn at once, load the model in a background thread."""
     import uvicorn

@@ -372,17 +372,21 @@ class Tokenizer:
                 attr[i] = _TYPE_TO_ATTR.get(int(tt[i]), ATTR_UNDEFINED)
         self._attr = attr
 
-        def get_id(key: str) -> int | None:
+        def get_id(key: str, strict: bool = False) -> int | None:
+            """The id under ``key``; None when absent or (optional ids) out of range. strict: an
+            out-of-range bos / eos / eot / eom id is an error (generation could never stop)."""
             v = meta.get(key)
             if v is None:
                 return None
             v = int(v)
+            if strict and not 0 <= v < n:
+                raise ValueError(f"{key} = {v} is outside the vocabulary ({n} tokens): corrupt tokenizer metadata")
             return v if 0 <= v < n else None
 
-        self.bos_id = get_id("tokenizer.ggml.bos_token_id")
-        self.eos_id = get_id("tokenizer.ggml.eos_token_id")
-        self.eot_id = get_id("tokenizer.ggml.eot_token_id")
-        self.eom_id = get_id("tokenizer.ggml.eom_token_id")
+        self.bos_id = get_id("tokenizer.ggml.bos_token_id", strict=True)
+        self.eos_id = get_id("tokenizer.ggml.eos_token_id", strict=True)
+        self.eot_id = get_id("tokenizer.ggml.eot_token_id", strict=True)
+        self.eom_id = get_id("tokenizer.ggml.eom_token_id", strict=True)
         self.pad_id = get_id("tokenizer.ggml.padding_token_id")
         self.unk_id = get_id("tokenizer.ggml.unknown_token_id")
         fim = {

@@ -138,3 +138,72 @@ def test_short_weight_buffers():
         _core.matmul(0, 8, np.zeros(10, np.uint8), 4, 64, x, y)  # Q8_0: 4 rows x 68 bytes
     with pytest.raises(ValueError, match="need"):
         _core.dequantize(8, np.zeros(10, np.uint8), 4, 64, np.zeros((4, 64), np.float32))
+
+
+def _patch_field(src: Path, dst: Path, key: str, value: int) -> Path:
+    """A copy of ``src`` with the scalar metadata ``key`` set to ``value`` (same type, in place)."""
+    import shutil
+
+    import gguf
+
+    shutil.copyfile(src, dst)
+    r = gguf.GGUFReader(dst, "r+")
+    f = r.fields[key]
+    f.parts[f.data[0]][0] = value
+    r.data.flush()
+    del r
+    return dst
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("llama.attention.head_count", 0, "invalid model dimensions"),
+    ("llama.vocab_size", 50000, "vocab_size 50000 differs"),
+    ("llama.rope.dimension_count", 32, "partial rotary"),
+])
+def test_contradictory_metadata_is_refused(tmp_path, smol_path, key, value, match):
+    p = _patch_field(smol_path, tmp_path / "meta.gguf", key, value)
+    with pytest.raises(GGUFError, match=match):
+        GGUFModel(p)
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-m", str(p), "-p", "hi", "-n", "2", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and match in out.stderr
+
+
+def test_eos_id_outside_the_vocabulary_is_refused(tmp_path, smol_path):
+    """An eos id no token has would let generation never stop on EOS: an error, not a silent None."""
+    p = _patch_field(smol_path, tmp_path / "eos.gguf", "tokenizer.ggml.eos_token_id", 999999)
+    with pytest.raises(ValueError, match="eos_token_id = 999999 is outside the vocabulary"):
+        Model(p, device="cpu", n_ctx=32)
+
+
+def test_negative_seed_is_random(smol):
+    """seed -1 (any negative) means random, as llama.cpp's and the CLI's -1; not a numpy error."""
+    from pyminfer.sampling import Sampler
+
+    s = Sampler(SamplingParams(temperature=1.0, seed=-1))
+    assert 0 <= s.sample(np.zeros(smol.n_vocab, np.float32), []) < smol.n_vocab
+
+
+def test_n_ctx_beyond_training_warns(smol_path, capsys):
+    with Model(smol_path, device="cpu", n_ctx=9000):
+        pass
+    assert "larger than the 8192 positions" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,match", [
+    (["serve", "--spec-draft-n", "12"], "spec-draft-n must be in 0..8"),
+    (["serve", "--port", "99999"], "--port must be in 0..65535"),
+    (["run", "-p", "hi", "--threads", "100000"], "more than 4x"),
+])
+def test_cli_flags_refused_before_loading(smol_path, args, match):
+    out = subprocess.run([sys.executable, "-m", "pyminfer", args[0], "-m", str(smol_path), "--device", "cpu", *args[1:]],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and match in out.stderr and "Traceback" not in out.stderr
+
+
+def test_prompt_from_stdin_equals_prompt_flag(smol_path):
+    """``-f -`` reads the prompt from standard input (it was opened as a file named '-')."""
+    base = [sys.executable, "-m", "pyminfer", "run", "-m", str(smol_path), "-n", "4", "--temp", "0", "--device", "cpu"]
+    a = subprocess.run(base + ["-f", "-"], input="The capital of France is", capture_output=True, text=True, timeout=120)
+    b = subprocess.run(base + ["-p", "The capital of France is"], capture_output=True, text=True, timeout=120)
+    assert a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and a.stdout.strip()

@@ -261,3 +261,36 @@ def test_speculative_metrics_in_process():
         assert vals["pyminfer_spec_draft_tokens_total"] >= vals["pyminfer_spec_accepted_tokens_total"] > 0
         assert vals['pyminfer_spec_draft_tokens_at_position_total{position="1"}'] > 0
     state.llm.close()
+
+
+def test_unhandled_error_is_a_500_and_the_connection_survives(monkeypatch):
+    """An exception no handler maps becomes a 500 JSON body (type server_error), and it is not
+    re-raised (Starlette's outermost middleware re-raises after answering; uvicorn then dropped the
+    keep-alive connection, so the client's next request failed). In process: TestClient re-raises
+    server exceptions by default, so this test fails without the catch-all middleware."""
+    from starlette.testclient import TestClient
+
+    from pyminfer import LLM
+    from pyminfer.server import ServerState, create_app
+
+    path = str(ensure_model(MODEL, progress=False))
+    state = ServerState(lambda: LLM(path, device="cpu", n_ctx=128), aliases=[MODEL])
+    with TestClient(create_app(state)) as c:
+        deadline = time.time() + 60
+        while c.get("/health").status_code != 200:
+            assert time.time() < deadline and state.load_error is None
+            time.sleep(0.1)
+
+        def boom(*a, **k):
+            raise RuntimeError("injected failure")
+
+        monkeypatch.setattr(state.llm, "tokenize", boom)
+        r = c.post("/tokenize", json={"content": "hi"})
+        assert r.status_code == 500
+        assert r.json()["error"]["type"] == "server_error" and "injected failure" in r.json()["error"]["message"]
+        monkeypatch.undo()
+        assert c.post("/tokenize", json={"content": "hi"}).status_code == 200
+        # seed -1 (or any negative): random, as llama.cpp and the CLI; not a 500
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "seed": -1})
+        assert r.status_code == 200, r.text
+    state.llm.close()
