@@ -134,9 +134,9 @@ class GGUFModel:
             raise GGUFError(f"{self.path}: missing tensor token_embd.weight")
         n_vocab = self.tensors["token_embd.weight"][3]
         # Metadata the tensors contradict is a corrupt or mis-converted file, not something to guess past.
-        vs = _field(r, p + "vocab_size")
-        if vs is not None and int(vs) != n_vocab:
-            raise GGUFError(f"{self.path}: {p}vocab_size {int(vs)} differs from token_embd.weight's {n_vocab} rows")
+        vs = _field(r, p + "vocab_size")  # fewer than the rows is padding (allowed); more has no embedding
+        if vs is not None and int(vs) > n_vocab:
+            raise GGUFError(f"{self.path}: {p}vocab_size {int(vs)} exceeds token_embd.weight's {n_vocab} rows")
         rd = _field(r, p + "rope.dimension_count")
         if rd is not None and int(rd) != head_dim:
             raise GGUFError(f"{self.path}: {p}rope.dimension_count {int(rd)} != head_dim {head_dim}: partial "

@@ -157,7 +157,7 @@ def _patch_field(src: Path, dst: Path, key: str, value: int) -> Path:
 
 @pytest.mark.parametrize("key,value,match", [
     ("llama.attention.head_count", 0, "invalid model dimensions"),
-    ("llama.vocab_size", 50000, "vocab_size 50000 differs"),
+    ("llama.vocab_size", 50000, "vocab_size 50000 exceeds"),
     ("llama.rope.dimension_count", 32, "partial rotary"),
 ])
 def test_contradictory_metadata_is_refused(tmp_path, smol_path, key, value, match):
