@@ -28,7 +28,7 @@ try:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
@@ -78,6 +78,29 @@ class _GenRequest(BaseModel):
     stream: bool = False
     stream_options: Optional[dict] = None
     n: int = Field(default=1, ge=1, le=1)
+    # OpenAI fields this server does not implement: refused when they ask for something (400),
+    # never silently ignored; their neutral values (false, 0, null, 1) pass.
+    logprobs: Optional[Union[bool, int]] = None
+    top_logprobs: Optional[int] = None
+    echo: bool = False
+    best_of: Optional[int] = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Optional[dict] = None
+    tools: Optional[list] = None
+    response_format: Optional[dict] = None
+
+    @model_validator(mode="after")
+    def _only_supported(self) -> "_GenRequest":
+        asked = [name for name, on in (
+            ("logprobs", bool(self.logprobs)), ("top_logprobs", bool(self.top_logprobs)), ("echo", self.echo),
+            ("best_of", (self.best_of or 1) > 1), ("frequency_penalty", self.frequency_penalty != 0.0),
+            ("presence_penalty", self.presence_penalty != 0.0), ("logit_bias", bool(self.logit_bias)),
+            ("tools", bool(self.tools)),
+            ("response_format", (self.response_format or {}).get("type", "text") != "text")) if on]
+        if asked:
+            raise ValueError(f"not supported by this server: {', '.join(asked)} (for penalties use repeat_penalty)")
+        return self
 
 
 class CompletionRequest(_GenRequest):

@@ -294,3 +294,32 @@ def test_unhandled_error_is_a_500_and_the_connection_survives(monkeypatch):
         r = c.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "seed": -1})
         assert r.status_code == 200, r.text
     state.llm.close()
+
+
+def test_unsupported_openai_fields_are_refused_not_ignored():
+    """logprobs, echo, penalties other than repeat_penalty, tools, ...: a 400 naming the field when
+    a request asks for them (a silently ignored field is a wrong answer); neutral values pass."""
+    from starlette.testclient import TestClient
+
+    from pyminfer import LLM
+    from pyminfer.server import ServerState, create_app
+
+    path = str(ensure_model(MODEL, progress=False))
+    state = ServerState(lambda: LLM(path, device="cpu", n_ctx=128), aliases=[MODEL])
+    base = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    with TestClient(create_app(state)) as c:
+        deadline = time.time() + 60
+        while c.get("/health").status_code != 200:
+            assert time.time() < deadline and state.load_error is None
+            time.sleep(0.1)
+        for extra in ({"logprobs": 2}, {"echo": True}, {"frequency_penalty": 0.5}, {"presence_penalty": -1},
+                      {"best_of": 3}, {"logit_bias": {"10": 5}}):
+            r = c.post("/v1/completions", json={**base, **extra})
+            assert r.status_code == 400 and next(iter(extra)) in r.json()["error"]["message"], (extra, r.text)
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
+                                                 "tools": [{"type": "function", "function": {"name": "f"}}]})
+        assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
+        neutral = {"logprobs": None, "echo": False, "frequency_penalty": 0, "presence_penalty": 0.0, "best_of": 1,
+                   "logit_bias": {}, "response_format": {"type": "text"}}
+        assert c.post("/v1/completions", json={**base, **neutral}).status_code == 200
+    state.llm.close()
