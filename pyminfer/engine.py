@@ -60,6 +60,8 @@ class Model:
             n_ctx = min(4096, self.config.n_ctx_train)
         if n_ctx < 1:
             raise ValueError("n_ctx must be >= 1")
+        if n_threads < 0:
+            raise ValueError("n_threads must be >= 0 (0: all cores)")
         if n_ctx > self.config.n_ctx_train:  # as llama.cpp: allowed, but quality degrades past it
             log(f"pyminfer: warning: n_ctx {n_ctx} is larger than the {self.config.n_ctx_train} positions "
                 f"{self.gguf.path.name} was trained on")

@@ -207,3 +207,8 @@ def test_prompt_from_stdin_equals_prompt_flag(smol_path):
     a = subprocess.run(base + ["-f", "-"], input="The capital of France is", capture_output=True, text=True, timeout=120)
     b = subprocess.run(base + ["-p", "The capital of France is"], capture_output=True, text=True, timeout=120)
     assert a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and a.stdout.strip()
+
+
+def test_negative_threads_refused(smol_path):
+    with pytest.raises(ValueError, match="n_threads"):
+        Model(smol_path, device="cpu", n_ctx=16, n_threads=-1)
