@@ -43,7 +43,8 @@ class Model:
         (0: all cores).  max_nt: most tokens per native forward (prefill is chunked to it).
         n_layer: use only the first n_layer blocks (a truncated self-draft; tests and experiments).
     Raises:
-        FileNotFoundError, GGUFError (bad file / arch / type), RuntimeError (device), MemoryError.
+        FileNotFoundError, GGUFError (bad file / arch / type / contradictory metadata), ValueError (n_ctx < 1,
+        n_threads < 0, tokenizer ids outside the vocabulary), RuntimeError (device), MemoryError.
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", n_ctx: int | None = None, n_threads: int = 0,
