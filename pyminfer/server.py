@@ -351,11 +351,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         typ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return APIError(exc.status_code, str(exc.detail), type=typ).response()
 
-    @app.exception_handler(Exception)
-    async def _server_error(request: Request, exc: Exception) -> JSONResponse:
-        with state.metrics.lock:
-            state.metrics.errors += 1
-        return APIError(500, f"{type(exc).__name__}: {exc}", type="server_error").response()
+    # Unhandled exceptions: _CatchAll (500 JSON, the connection kept), not an Exception handler.
 
     # ------------------------------------------------------------------ info
     @app.get("/health")

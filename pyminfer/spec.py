@@ -15,9 +15,10 @@ At temperature > 0 each emitted token is one draw from the target's distribution
 with the same seed the output also equals plain sampling.
 
 Adaptive depth (``adaptive=True``) follows the seeds' doc 95 design: per-position acceptance
-estimated with decayed Beta counts, per-depth round costs from a min-of-4 window, optimism for
-depths not tried yet, 10% hysteresis, d = 0 (plain decoding) allowed, capped at MAX_DEPTH (the
-largest d whose verify batch is bitwise on every backend: nt = d + 1 <= 9).
+estimated with decayed Beta counts, per-depth round costs (medians of measured rounds), optimism
+for depths not tried yet, 5% hysteresis (PYMINFER_ADAPTIVE_HYSTERESIS), d = 0 (plain decoding)
+allowed, capped at MAX_DEPTH (the largest d whose verify batch is bitwise on every backend:
+nt = d + 1 <= 9).
 """
 
 from __future__ import annotations

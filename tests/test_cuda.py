@@ -427,6 +427,24 @@ ATTN_SHAPES = {
 }
 
 
+def check_batch_rows(model, prompt, batch, graphs=True):
+    """After ``prompt``: a verify batch of ``batch`` equals its single-token forwards bitwise (logits
+    and argmax) and the CPU's within NMSE 1e-5 (f32 weights: only the f16 KV cache differs).
+    Returns the batch's logits."""
+    V, P = SMALL["n_vocab"], len(prompt)
+    ctxs = [make_ctx(model, d, n_ctx=P + 8, graphs=graphs) for d in (1, 1, 0)]
+    for c in ctxs:
+        prefill_chunks(c, prompt, V)
+    lb, ab = run(ctxs[0], batch, range(P, P + len(batch)), V)
+    singles = [run(ctxs[1], [t], [P + i], V) for i, t in enumerate(batch)]
+    assert np.array_equal(lb, np.concatenate([r[0] for r in singles]))
+    assert list(ab) == [int(r[1][0]) for r in singles]
+    lc, _ = run(ctxs[2], batch, range(P, P + len(batch)), V)
+    assert np.std(lc) > 0.1
+    assert nmse(lb, lc) < 1e-5, nmse(lb, lc)
+    return lb
+
+
 @pytest.mark.parametrize("group", ["0", "1", "mma"])  # mma: MI_CUDA_ATTN_MMA=1 (tensor cores)
 @pytest.mark.parametrize("splits", ["64", "3"])  # 3: several tiles per split, a partial last tile
 @pytest.mark.parametrize("shape", list(ATTN_SHAPES))
@@ -447,21 +465,9 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
     V, P = SMALL["n_vocab"], 300
     rng = np.random.default_rng(8)
     prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
-    ctxs = [make_ctx(model, d, n_ctx=P + 8) for d in (1, 1, 0)]
-    for c in ctxs:
-        prefill_chunks(c, prompt, V)
-    lb, ab = run(ctxs[0], batch, range(P, P + 5), V)
-    singles = [run(ctxs[1], [t], [P + i], V) for i, t in enumerate(batch)]
-    assert np.array_equal(lb, np.concatenate([r[0] for r in singles]))
-    assert list(ab) == [int(r[1][0]) for r in singles]
-    lc, _ = run(ctxs[2], batch, range(P, P + 5), V)
-    assert np.std(lc) > 0.1
-    assert nmse(lb, lc) < 1e-5, nmse(lb, lc)
+    lb = check_batch_rows(model, prompt, batch)
     if mma:  # the tensor-core kernel really ran: another summation order than the CUDA-core one
-        monkeypatch.setenv("MI_CUDA_ATTN_MMA", "0")
-        c0 = make_ctx(model, 1, n_ctx=P + 8)
-        prefill_chunks(c0, prompt, V)
-        l0, _ = run(c0, batch, range(P, P + 5), V)
+        l0, _ = batch_under_env(monkeypatch, "MI_CUDA_ATTN_MMA", ("0",), model, prompt, batch)[0]
         assert not np.array_equal(lb, l0)
 
 
@@ -479,19 +485,8 @@ def test_attention_switch_position_splits_a_batch(shape, graphs, monkeypatch):
     V, P = SMALL["n_vocab"], 300
     rng = np.random.default_rng(12)
     prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
-    ctxs = [make_ctx(model, d, n_ctx=P + 8, graphs=graphs == "1") for d in (1, 1, 0)]
-    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "0")
-    ctxs.append(make_ctx(model, 1, n_ctx=P + 8, graphs=graphs == "1"))
-    for c in ctxs:
-        prefill_chunks(c, prompt, V)
-    lb, ab = run(ctxs[0], batch, range(P, P + 5), V)
-    singles = [run(ctxs[1], [t], [P + i], V) for i, t in enumerate(batch)]
-    assert np.array_equal(lb, np.concatenate([r[0] for r in singles]))
-    assert list(ab) == [int(r[1][0]) for r in singles]
-    lc, _ = run(ctxs[2], batch, range(P, P + 5), V)
-    assert np.std(lc) > 0.1
-    assert nmse(lb, lc) < 1e-5, nmse(lb, lc)
-    ln, _ = run(ctxs[3], batch, range(P, P + 5), V)
+    lb = check_batch_rows(model, prompt, batch, graphs=graphs == "1")
+    ln, _ = batch_under_env(monkeypatch, "MI_CUDA_ATTN_MMA", ("0",), model, prompt, batch)[0]
     assert np.array_equal(lb[:2], ln[:2])  # rows below the switch: the same kernel
     assert not np.array_equal(lb[2:], ln[2:])  # rows from it on: another summation order
 

@@ -25,9 +25,9 @@
 
 #define MI_GRAPH_MAX_NT 9 // graphs for nt = 1..9 (issue 4), all on the bitwise mat-vec path
 // Default position from which rows take the tensor-core attention: its fixed cost per layer is higher
-// (1.5B shape at depth 0: 1.022 vs 0.947 ms a token) and its cost per cached slot lower (4096:
-// 1.120 vs 1.176; 16384: 1.335 vs 1.633); the two cross near 2,300 on the 1.5B shape, ~700 on the
-// 7B (docs/perf.md, session 7).
+// (1.5B shape at depth 0: 1.021 vs 0.952 ms a token) and its cost per cached slot lower (4096:
+// 1.123 vs 1.182; 16384: 1.340 vs 1.638); the two cross near 1,700 on the 1.5B shape, ~1,000 on
+// the 7B (docs/perf.md, session 7).
 #define MI_ATTN_MMA_FROM 2048
 
 struct mi_cuda_layer {
