@@ -471,6 +471,24 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
         assert not np.array_equal(lb, l0)
 
 
+@pytest.mark.parametrize("kernel", ["cuda_core", "mma"])
+@pytest.mark.parametrize("P", [1100, 2040])
+@pytest.mark.parametrize("shape", ["g6_hd128", "per_head_g16"])
+def test_attention_many_splits(shape, P, kernel, monkeypatch):
+    """Deeper than test_attention_long_context, so the split merge takes many partials: at these
+    depths the splits used are (CUDA-core / tensor-core kernel) g6_hd128: 35 / 9 at 1100, 64 / 16 at
+    2040; per_head_g16: 18 / 18 and 32 / 32. A verify batch equals its single forwards bitwise and
+    the CPU within NMSE 1e-5."""
+    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1" if kernel == "mma" else "0")
+    F = bg.F32
+    model = small_model(13, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
+                        **ATTN_SHAPES[shape])
+    V = SMALL["n_vocab"]
+    rng = np.random.default_rng(P)
+    prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
+    check_batch_rows(model, prompt, batch)
+
+
 @pytest.mark.parametrize("graphs", ["1", "0"])
 @pytest.mark.parametrize("shape", ["g6_hd128", "g7_hd64", "per_head_g16"])
 def test_attention_switch_position_splits_a_batch(shape, graphs, monkeypatch):

@@ -290,9 +290,9 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
 // G <= 16 query heads of KV head g are the M rows of mma.m16n8k16 (rows >= G are zero), so each
 // K/V row is read once per block instead of once per query head, and q.K and P.V are summed over
 // d and over slots by the tensor cores instead of by shuffles and FMA chains. The operands are f16:
-// K and V are f16 already; q (f32) and P (f32 in [0, 1]) are each split into hi = f16(x) and
-// lo = f16(x - hi), two mma per product, so they keep ~22 significant bits for |x| >= 2^-3 (below
-// that lo is a subnormal f16: an absolute error of ~3e-8), and the products are summed in f32
+// K and V are f16 already; q (f32) and P (f32 in [0, 1], times 2^12) are each split into hi = f16(x)
+// and lo = f16(x - hi), two mma per product, so they keep ~22 significant bits for |x| >= 2^-3 (below
+// that lo is a subnormal f16: an absolute error of ~3e-8 in x), and the products are summed in f32
 // (PTX ISA, "Warp-level matrix multiply-accumulate instructions"). |q| >= 65520 would overflow f16
 // (hi = inf: NaN scores) where the CUDA-core kernel stays finite; K must fit f16 anyway. Not bitwise equal
 // to the CUDA-core kernels or to the CPU (another summation order: a stated tolerance, tests), but
@@ -440,11 +440,15 @@ __global__ void __launch_bounds__(NW * 32)
             m[r] = mn;
         }
         // P's A fragment (k = slot: 2tig + e from n-tile 0, 8 + 2tig + e from n-tile 1), hi and lo.
+        // P scaled by 2^12 first (exact): P's lo part then stays a normal f16 for weights down to
+        // 2^-15, where unscaled it went subnormal below 2^-3 (an absolute error of ~3e-8); O is
+        // scaled back by 2^-12 (exact) before the merge. l sums the unscaled f32 weights.
+        constexpr float PS = 4096.0f;
         uint32_t pa[4], pl[4];
-        mi_split_f16x2(sc[0][0], sc[0][1], pa[0], pl[0]);
-        mi_split_f16x2(sc[0][2], sc[0][3], pa[1], pl[1]);
-        mi_split_f16x2(sc[1][0], sc[1][1], pa[2], pl[2]);
-        mi_split_f16x2(sc[1][2], sc[1][3], pa[3], pl[3]);
+        mi_split_f16x2(sc[0][0] * PS, sc[0][1] * PS, pa[0], pl[0]);
+        mi_split_f16x2(sc[0][2] * PS, sc[0][3] * PS, pa[1], pl[1]);
+        mi_split_f16x2(sc[1][0] * PS, sc[1][1] * PS, pa[2], pl[2]);
+        mi_split_f16x2(sc[1][2] * PS, sc[1][3] * PS, pa[3], pl[3]);
 #pragma unroll
         for (int mm = 0; mm < NV; mm++) {
             const uint32_t *w0 = (const uint32_t *)&vr[0][mm], *w1 = (const uint32_t *)&vr[1][mm];
@@ -481,7 +485,8 @@ __global__ void __launch_bounds__(NW * 32)
 #pragma unroll
             for (int i = 0; i < 8; i++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) sm_acc[warp][gid + 8 * r][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e];
+                for (int e = 0; e < 2; e++)
+                    sm_acc[warp][gid + 8 * r][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e] * (1.0f / 4096.0f);
     }
     __syncthreads();
     if (threadIdx.x < NW * R) {
