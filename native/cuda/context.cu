@@ -66,7 +66,9 @@ struct mi_cuda_ctx {
     // Attention A/B settings, read once here so that every forward of the context (graphed or
     // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..64, default 64)
     // and MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group, same bits; attention.cu).
-    int attn_splits, attn_group;
+    // attn_splits_mma: the tensor-core kernel's most splits, MI_CUDA_ATTN_SPLITS where set, else
+    // one wave of blocks at nt = 1 (mi_mma_splits).
+    int attn_splits, attn_group, attn_splits_mma;
     // Rows at positions >= attn_mma_from run the tensor-core attention, the others the CUDA-core
     // kernel (INT_MAX: never; 0: always): a function of the position alone, so rows stay bitwise
     // across nt. MI_CUDA_ATTN_MMA=0 / 1 forces never / always, MI_CUDA_ATTN_MMA_FROM=N moves the
@@ -260,7 +262,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                                                  c->attn_cnt, c->att, c->xq, s));
         if (regime & 2)
             MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
-                                                 c->attn_splits, 2, c->attn_mma_from, INT_MAX, c->part,
+                                                 c->attn_splits_mma, 2, c->attn_mma_from, INT_MAX, c->part,
                                                  c->attn_cnt, c->att, c->xq, s));
         MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
         MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
@@ -305,6 +307,22 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
 }
 
 // Which attention kernels rows at positions pos[0..nt) need (bit 0: CUDA-core, bit 1: tensor-core).
+// Most KV splits of the tensor-core attention: one block per (KV head, split), as many blocks as
+// the device has SMs (capped at MI_ATTN_SPLITS): a block holds a whole SM's registers, so more
+// splits only add waves and merge work. Measured at 16k on the H200 (132 SMs; docs/perf.md,
+// session 8), 64 / 32 / 16 splits: 7B shape (4 KV heads) 2.866 / 2.743 / 2.908 ms a token, 14B (8)
+// 6.661 / 6.433 / 6.159, 1.5B (2) 1.332 / 1.358 / 1.488: best where n_head_kv x splits ~ 128.
+// A function of the model and device only (never of nt or the position), so rows stay bitwise.
+int mi_mma_splits(int n_head_kv) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess || sms < 1) {
+        cudaGetLastError();
+        sms = 128;
+    }
+    const int s = sms / (n_head_kv > 0 ? n_head_kv : 1);
+    return s < 1 ? 1 : s > MI_ATTN_SPLITS ? MI_ATTN_SPLITS : s;
+}
+
 int mi_regime(const mi_cuda_ctx *c, const int32_t *pos, int nt) {
     int r = 0;
     for (int i = 0; i < nt; i++) r |= pos[i] >= c->attn_mma_from ? 2 : 1;
@@ -398,6 +416,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     char *ae_end = nullptr;
     const long splits = ae ? strtol(ae, &ae_end, 10) : MI_ATTN_SPLITS;
     c->attn_splits = (int)splits;
+    c->attn_splits_mma = ae ? (int)splits : mi_mma_splits(d->n_head_kv);
     if (splits < 1 || splits > MI_ATTN_SPLITS || (ae && (ae_end == ae || *ae_end))) {
         free(c);
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_SPLITS=%s: want 1..%d", ae, MI_ATTN_SPLITS);
