@@ -29,6 +29,10 @@
 // 1.123 vs 1.182; 16384: 1.340 vs 1.638); the two cross near 1,700 on the 1.5B shape, ~1,000 on
 // the 7B (docs/perf.md, session 7).
 #define MI_ATTN_MMA_FROM 2048
+// Most KV splits of the CUDA-core attention (MI_CUDA_ATTN_SPLITS overrides): 32 rather than 64,
+// which differ only past 32 tiles (1,024 slots at head_dim 128): at 2,000 cached positions 1.5B
+// shape 1.082 vs 1.138 ms a token, 0.5B 0.709 vs 0.726 (16: 1.091 / 0.713; docs/perf.md, session 8).
+#define MI_ATTN_SPLITS_CC 32
 
 struct mi_cuda_layer {
     mi_dtensor wq, wk, wv, wo, gate, up, down;
@@ -64,7 +68,8 @@ struct mi_cuda_ctx {
     // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
     unsigned skip;
     // Attention A/B settings, read once here so that every forward of the context (graphed or
-    // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..64, default 64)
+    // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..64, default
+    // MI_ATTN_SPLITS_CC)
     // and MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group, same bits; attention.cu).
     // attn_splits_mma: the tensor-core kernel's most splits, MI_CUDA_ATTN_SPLITS where set, else
     // one wave of blocks at nt = 1 (mi_mma_splits).
@@ -414,7 +419,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->no_mmq = me && strcmp(me, "0") == 0;
     const char *ae = getenv("MI_CUDA_ATTN_SPLITS");
     char *ae_end = nullptr;
-    const long splits = ae ? strtol(ae, &ae_end, 10) : MI_ATTN_SPLITS;
+    const long splits = ae ? strtol(ae, &ae_end, 10) : MI_ATTN_SPLITS_CC;
     c->attn_splits = (int)splits;
     c->attn_splits_mma = ae ? (int)splits : mi_mma_splits(d->n_head_kv);
     if (splits < 1 || splits > MI_ATTN_SPLITS || (ae && (ae_end == ae || *ae_end))) {
