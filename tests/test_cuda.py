@@ -472,23 +472,31 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
         assert not np.array_equal(lb, l0)
 
 
-@pytest.mark.parametrize("kernel", ["cuda_core", "mma"])
+@pytest.mark.parametrize("kernel", ["cuda_core", "cuda_core_32", "mma"])
 @pytest.mark.parametrize("shape,P", [("g6_hd128", 1100), ("g6_hd128", 2040), ("per_head_g16", 1100),
                                      ("per_head_g16", 2040), ("kv8_hd128", 2100)])
 def test_attention_many_splits(shape, P, kernel, monkeypatch):
     """Deeper than test_attention_long_context, so the split merge takes many partials: at these
-    depths the splits used are (CUDA-core kernel, at most 32 / tensor-core kernel) g6_hd128: 18 / 9
-    at 1100, 32 / 16 at 2040; per_head_g16: 18 / 18 and 32 / 32; kv8_hd128 at 2100: 22 / 9 (the
-    tensor-core kernel capped at 132 SMs / 8 KV heads = 16 splits on the H200: 17 tiles in splits of
-    2). A verify batch equals its single forwards bitwise and the CPU within NMSE 1e-5."""
-    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1" if kernel == "mma" else "0")
+    depths the splits used are (CUDA-core kernel alone, at most 64 / tensor-core kernel) g6_hd128:
+    35 / 9 at 1100, 64 / 16 at 2040; per_head_g16: 18 / 18 and 32 / 32; kv8_hd128 at 2100: 33 / 9
+    (the tensor-core kernel capped at 132 SMs / 8 KV heads = 16 splits on the H200: 17 tiles in
+    splits of 2). A verify batch equals its single forwards bitwise and the CPU within NMSE 1e-5.
+    cuda_core_32: the default's CUDA-core kernel below a switch at 4096 (at most 32 splits:
+    g6_hd128 18 at 1100 and 32 at 2040, kv8_hd128 22: other bits than with 64)."""
+    if kernel == "cuda_core_32":
+        monkeypatch.setenv("MI_CUDA_ATTN_MMA_FROM", "4096")
+    else:
+        monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1" if kernel == "mma" else "0")
     F = bg.F32
     model = small_model(13, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
                         **ATTN_SHAPES[shape])
     V = SMALL["n_vocab"]
     rng = np.random.default_rng(P)
     prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
-    check_batch_rows(model, prompt, batch)
+    lb = check_batch_rows(model, prompt, batch)
+    if kernel == "cuda_core_32" and ATTN_SHAPES[shape]["head_dim"] == 128:  # > 32 tiles of 32 slots
+        (l64, _), = batch_under_env(monkeypatch, "MI_CUDA_ATTN_MMA", ("0",), model, prompt, batch)
+        assert not np.array_equal(lb, l64)  # 64 splits (the CUDA-core kernel alone): other bits
 
 
 @pytest.mark.parametrize("graphs", ["1", "0"])

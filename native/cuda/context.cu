@@ -29,9 +29,11 @@
 // 1.123 vs 1.182; 16384: 1.340 vs 1.638); the two cross near 1,700 on the 1.5B shape, ~1,000 on
 // the 7B (docs/perf.md, session 7).
 #define MI_ATTN_MMA_FROM 2048
-// Most KV splits of the CUDA-core attention (MI_CUDA_ATTN_SPLITS overrides): 32 rather than 64,
+// Most KV splits of the CUDA-core attention when the tensor-core kernel takes the rows from
+// position 4,096 on (else MI_ATTN_SPLITS; MI_CUDA_ATTN_SPLITS overrides both): 32 rather than 64,
 // which differ only past 32 tiles (1,024 slots at head_dim 128): at 2,000 cached positions 1.5B
-// shape 1.082 vs 1.138 ms a token, 0.5B 0.709 vs 0.726 (16: 1.091 / 0.713; docs/perf.md, session 8).
+// shape 1.081 vs 1.136 ms a token, 0.5B 0.709 vs 0.726; the same at 4,096; at 16,384 64 win (1.641
+// vs 1.756 ms): docs/perf.md, session 8.
 #define MI_ATTN_SPLITS_CC 32
 
 struct mi_cuda_layer {
@@ -68,8 +70,8 @@ struct mi_cuda_ctx {
     // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
     unsigned skip;
     // Attention A/B settings, read once here so that every forward of the context (graphed or
-    // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..64, default
-    // MI_ATTN_SPLITS_CC)
+    // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..64, default 64,
+    // or MI_ATTN_SPLITS_CC)
     // and MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group, same bits; attention.cu).
     // attn_splits_mma: the tensor-core kernel's most splits, MI_CUDA_ATTN_SPLITS where set, else
     // one wave of blocks at nt = 1 (mi_mma_splits).
@@ -419,7 +421,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->no_mmq = me && strcmp(me, "0") == 0;
     const char *ae = getenv("MI_CUDA_ATTN_SPLITS");
     char *ae_end = nullptr;
-    const long splits = ae ? strtol(ae, &ae_end, 10) : MI_ATTN_SPLITS_CC;
+    const long splits = ae ? strtol(ae, &ae_end, 10) : MI_ATTN_SPLITS;
     c->attn_splits = (int)splits;
     c->attn_splits_mma = ae ? (int)splits : mi_mma_splits(d->n_head_kv);
     if (splits < 1 || splits > MI_ATTN_SPLITS || (ae && (ae_end == ae || *ae_end))) {
@@ -449,6 +451,9 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
                        : te && strcmp(te, "0") == 0                                       ? INT_MAX
                        : te && strcmp(te, "1") == 0                                       ? 0
                                                                                           : (int)mma_from;
+    // MI_ATTN_SPLITS_CC where the CUDA-core kernel only serves rows below 4,096 (the tensor-core
+    // one takes the rest); past that 64 splits win (16k: 1.641 vs 1.756 ms with 32, 1.5B shape).
+    if (!ae && c->attn_mma_from <= 4096) c->attn_splits = MI_ATTN_SPLITS_CC;
     if (mi_parse_skip(getenv("MI_CUDA_SKIP"), &c->skip)) {
         free(c);
         return MI_ERR_ARG;
