@@ -474,15 +474,17 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
 
 @pytest.mark.parametrize("kernel", ["cuda_core", "cuda_core_32", "mma"])
 @pytest.mark.parametrize("shape,P", [("g6_hd128", 1100), ("g6_hd128", 2040), ("per_head_g16", 1100),
-                                     ("per_head_g16", 2040), ("kv8_hd128", 2100)])
+                                     ("per_head_g16", 2040), ("per_head_g16", 2100), ("kv8_hd128", 2100)])
 def test_attention_many_splits(shape, P, kernel, monkeypatch):
     """Deeper than test_attention_long_context, so the split merge takes many partials: at these
     depths the splits used are (CUDA-core kernel alone, at most 64 / tensor-core kernel) g6_hd128:
-    35 / 9 at 1100, 64 / 16 at 2040; per_head_g16: 18 / 18 and 32 / 32; kv8_hd128 at 2100: 33 / 9
+    35 / 9 at 1100, 64 / 16 at 2040; per_head_g16: 18 / 18, 32 / 32, 33 / 33 at 2100; kv8_hd128 at 2100: 33 / 9
     (the tensor-core kernel capped at 132 SMs / 8 KV heads = 16 splits on the H200: 17 tiles in
     splits of 2). A verify batch equals its single forwards bitwise and the CPU within NMSE 1e-5.
     cuda_core_32: the default's CUDA-core kernel below a switch at 4096 (at most 32 splits:
-    g6_hd128 18 at 1100 and 32 at 2040, kv8_hd128 22: other bits than with 64)."""
+    g6_hd128 18 at 1100 and 32 at 2040, kv8_hd128 22: other bits than with 64). mma: the split merge
+    in a launch of its own (default for rows of >= 33 splits: per_head_g16 at 2100 has 33) and by
+    the kernel's last block agree within the tolerance, in other bits."""
     if kernel == "cuda_core_32":
         monkeypatch.setenv("MI_CUDA_ATTN_MMA_FROM", "4096")
     else:
@@ -497,6 +499,12 @@ def test_attention_many_splits(shape, P, kernel, monkeypatch):
     if kernel == "cuda_core_32" and ATTN_SHAPES[shape]["head_dim"] == 128:  # > 32 tiles of 32 slots
         (l64, _), = batch_under_env(monkeypatch, "MI_CUDA_ATTN_MMA", ("0",), model, prompt, batch)
         assert not np.array_equal(lb, l64)  # 64 splits (the CUDA-core kernel alone): other bits
+    if kernel == "mma":  # every row merged by a launch of its own / by the kernel's last block
+        (la, _), (ln, _) = batch_under_env(monkeypatch, "MI_CUDA_ATTN_COMBINE_FROM", ("1", "65"), model, prompt,
+                                           batch)
+        assert nmse(la, lb) < 1e-5 and nmse(ln, lb) < 1e-5, (nmse(la, lb), nmse(ln, lb))
+        assert not np.array_equal(la, ln)
+        assert np.array_equal(lb, la if (shape, P) == ("per_head_g16", 2100) else ln)  # default: from 33 splits
 
 
 @pytest.mark.parametrize("graphs", ["1", "0"])
@@ -538,7 +546,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
-                                     ("MI_CUDA_ATTN_MMA_FROM", "-1")])
+                                     ("MI_CUDA_ATTN_MMA_FROM", "-1"),
+                                     ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

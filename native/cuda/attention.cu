@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(NW * 32)
     mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                        const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
                        float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                       mi_block_q8a *__restrict__ xq, int lo, int hi) {
+                       mi_block_q8a *__restrict__ xq, int lo, int hi, int combine_from) {
     constexpr int HD = DPL * 32, KS = HD / 16, NV = HD / 64, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, NTH = NW * 32;
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int G = n_head / n_head_kv, h0 = g * G, kvd = n_head_kv * HD;
@@ -513,6 +513,7 @@ __global__ void __launch_bounds__(NW * 32)
             out[1] = L;
         }
     }
+    if (n_used >= combine_from) return; // mi_attn_combine_kernel merges, in a launch of its own
     __shared__ int last;
     __threadfence();
     __syncthreads();
@@ -527,13 +528,78 @@ __global__ void __launch_bounds__(NW * 32)
     for (int hh = warp; hh < G; hh += NW) mi_attn_merge<DPL, 16>(part, t, h0 + hh, n_head, n_used, att, xq, lane);
 }
 
+// The tensor-core kernel's split merge as a launch of its own, for rows of >= combine_from splits
+// (default 33: MI_ATTN_COMBINE_FROM, context.cu; the kernel's last block merges the others, as
+// mi_attn_kernel does). Block = (query head h, row t), 4 x HD
+// threads: thread (q, dd) loads the M, L and acc[dd] of splits q, q + 4, .. (16 at most), all in
+// flight at once, and merges them; then the 4 quarters are merged in order and the output
+// quantized. So the merge is one round of loads spread over n_head blocks, where the last-block
+// merge is a fence, a counter and five dependent rounds in one block (~5-7 us a layer at 4k-16k on
+// the 1.5B shape: docs/perf.md, session 8). Splits: those of mi_attn_mma_kernel (tile, max_splits,
+// pos[t]), merged in a fixed order: rows stay bitwise equal across nt.
+template <int HD>
+__global__ void __launch_bounds__(4 * HD)
+    mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head, int tile,
+                           int max_splits, int combine_from, float *__restrict__ att, mi_block_q8a *__restrict__ xq,
+                           int lo, int hi) {
+    constexpr int Q = 4, SPQ = MI_ATTN_SPLITS / Q;
+    const int h = blockIdx.x, t = blockIdx.y, q = threadIdx.x / HD, dd = threadIdx.x % HD;
+    const bool mine = pos[t] >= lo && pos[t] < hi;
+    int S, n_used;
+    mi_attn_split_size(pos[t] + 1, tile, max_splits, S, n_used);
+    mi_pdl_wait();
+    mi_pdl_trigger();
+    if (!mine || n_used < combine_from) return;
+    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
+    float mk[SPQ], lk[SPQ], v[SPQ];
+#pragma unroll
+    for (int i = 0; i < SPQ; i++) {
+        const int sp = i * Q + q;
+        const bool ok = sp < n_used;
+        mk[i] = ok ? __ldcg(p + sp * (HD + 2)) : -INFINITY;
+        lk[i] = ok ? __ldcg(p + sp * (HD + 2) + 1) : 0.0f;
+        v[i] = ok ? __ldcg(p + sp * (HD + 2) + 2 + dd) : 0.0f;
+    }
+    float M = -INFINITY, a = 0.0f, L = 0.0f;
+#pragma unroll
+    for (int i = 0; i < SPQ; i++) M = fmaxf(M, mk[i]);
+#pragma unroll
+    for (int i = 0; i < SPQ; i++) {
+        const float e = i * Q + q < n_used ? expf(mk[i] - M) : 0.0f; // a used split's max is finite
+        a = __fadd_rn(a, __fmul_rn(v[i], e));
+        L = __fadd_rn(L, __fmul_rn(lk[i], e));
+    }
+    __shared__ float sM[Q], sL[Q], sA[Q][HD];
+    sA[q][dd] = a;
+    if (dd == 0) {
+        sM[q] = M;
+        sL[q] = L;
+    }
+    __syncthreads();
+    if (q != 0) return; // threads 0 .. HD - 1: whole warps
+    float MT = sM[0];
+#pragma unroll
+    for (int k = 1; k < Q; k++) MT = fmaxf(MT, sM[k]);
+    float A = 0.0f, LT = 0.0f;
+#pragma unroll
+    for (int k = 0; k < Q; k++) {
+        const float e = sM[k] == -INFINITY ? 0.0f : expf(sM[k] - MT); // a quarter without splits adds 0
+        A = __fadd_rn(A, __fmul_rn(sA[k][dd], e));
+        LT = __fadd_rn(LT, __fmul_rn(sL[k], e));
+    }
+    const int qd = n_head * HD;
+    const float o = __fmul_rn(A, __frcp_rn(LT));
+    att[(int64_t)t * qd + h * HD + dd] = o;
+    mi_quant_chunk_warp(o, xq + (int64_t)t * (qd / 32) + h * (HD / 32) + dd / 32, dd % 32);
+}
+
 struct mi_attn_args {
     const float *q;
     const __half *kc, *vc;
     const int32_t *pos;
     int nt, n_head, n_head_kv;
     float scale;
-    int max_splits, group, lo, hi;
+    int max_splits, group, lo, hi, combine_from;
     float *part;
     int32_t *cnt;
     float *att;
@@ -554,11 +620,16 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
         if (a.group == 2) { // tensor cores: 8 warps a block for G <= 8 (the 1.5B at 16k: 1.335 vs 1.490 ms
                             // with 4; docs/perf.md, session 7), else 4 warps and 16 merge rows
             const dim3 grid(a.n_head_kv, a.nt, a.max_splits);
-            if (a.n_head / a.n_head_kv <= 8)
-                return mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.n_head,
-                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi);
-            return mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.n_head, a.n_head_kv,
-                             a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi);
+            const bool wide = a.n_head / a.n_head_kv <= 8;
+            const cudaError_t e =
+                wide ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.n_head,
+                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from)
+                     : mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.n_head,
+                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from);
+            if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
+            return mi_launch(mi_attn_combine_kernel<DPL * 32>, dim3(a.n_head, a.nt), 4 * DPL * 32, s, a.part, a.pos,
+                             a.n_head, (wide ? 8 : 4) * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo,
+                             a.hi);
         }
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
@@ -581,7 +652,7 @@ bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd) {
 
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
-                      float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s) {
+                      int combine_from, float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s) {
     if (n_head_kv < 1 || n_head % n_head_kv)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
     if (hd % 32 || hd < 32 || hd > 256)
@@ -591,8 +662,8 @@ int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cac
     if (group == 2 && !mi_cuda_attention_mma_applies(n_head, n_head_kv, hd))
         return mi_set_error(MI_ERR_ARG, "CUDA attention: no tensor-core kernel for head_dim %d, %d query heads per KV head",
                             hd, n_head / n_head_kv);
-    const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, max_splits, group, lo, hi, part, cnt,
-                            att, xq};
+    const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, max_splits, group, lo, hi,
+                            combine_from, part, cnt, att, xq};
     cudaError_t e = cudaSuccess;
     switch (hd / 32) {
     case 1: e = mi_attn_launch_g<1>(a, s); break;

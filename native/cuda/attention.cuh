@@ -19,7 +19,9 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 // context's whole life (rows depend on it). group 1: one block per KV head's query group (same
 // bits as 0, another speed); group 2: the tensor-core kernel (another summation order, within
 // tolerance; mi_cuda_attention_mma_applies). Only rows with lo <= pos[t] < hi are computed (the
-// others are left for another call), so two calls can split a batch by position.
+// others are left for another call), so two calls can split a batch by position. Group 2 only:
+// rows of >= combine_from splits are merged by a second launch instead of the kernel's last block
+// (another summation order of the same partials; attention.cu); > max_splits: never.
 // part: mi_attn_part_floats(nt, ...) floats of scratch; cnt: int32 [nt][n_head], zero before the
 // first call (each call leaves it zero again).
 // Returns MI_OK; MI_ERR_ARG for head_dim not a multiple of 32 up to 256, n_head not a multiple of
@@ -27,7 +29,7 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 // when the launch fails. Algorithm: flash-decoding (split-KV online softmax, attention.cu).
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
-                      float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s);
+                      int combine_from, float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s);
 // Whether the tensor-core kernel serves this head layout: head_dim 64 or 128, <= 16 query heads per
 // KV head.
 bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd);

@@ -35,6 +35,12 @@
 // shape 1.081 vs 1.136 ms a token, 0.5B 0.709 vs 0.726; the same at 4,096; at 16,384 64 win (1.641
 // vs 1.756 ms): docs/perf.md, session 8.
 #define MI_ATTN_SPLITS_CC 32
+// Rows of the tensor-core attention with at least this many KV splits are merged by a launch of
+// their own (mi_attn_combine_kernel), the others by the kernel's last block. Measured (depth.py,
+// GPU ms a token, last-block merge / own launch for every row; docs/perf.md, session 8): 1.5B shape
+// (up to 64 splits) 16,384 1.317 / 1.250, 4,096 (32) 1.108 / 1.102, 2,048 (16) 1.066 / 1.086; 7B
+// (<= 32) 16,384 2.697 / 2.735; 14B (<= 16) 6.166 / 6.176: the launch pays only past 32 splits.
+#define MI_ATTN_COMBINE_FROM 33
 
 struct mi_cuda_layer {
     mi_dtensor wq, wk, wv, wo, gate, up, down;
@@ -76,6 +82,9 @@ struct mi_cuda_ctx {
     // attn_splits_mma: the tensor-core kernel's most splits, MI_CUDA_ATTN_SPLITS where set, else
     // one wave of blocks at nt = 1 (mi_mma_splits).
     int attn_splits, attn_group, attn_splits_mma;
+    // Rows of the tensor-core attention with >= attn_combine_from splits are merged by a launch of
+    // their own (MI_ATTN_COMBINE_FROM; MI_CUDA_ATTN_COMBINE_FROM=N, 1..65 (65: never)).
+    int attn_combine_from;
     // Rows at positions >= attn_mma_from run the tensor-core attention, the others the CUDA-core
     // kernel (INT_MAX: never; 0: always): a function of the position alone, so rows stay bitwise
     // across nt. MI_CUDA_ATTN_MMA=0 / 1 forces never / always, MI_CUDA_ATTN_MMA_FROM=N moves the
@@ -265,11 +274,11 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                                s));
         if (regime & 1)
             MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
-                                                 c->attn_splits, c->attn_group, 0, c->attn_mma_from, c->part,
+                                                 c->attn_splits, c->attn_group, 0, c->attn_mma_from, INT_MAX, c->part,
                                                  c->attn_cnt, c->att, c->xq, s));
         if (regime & 2)
             MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
-                                                 c->attn_splits_mma, 2, c->attn_mma_from, INT_MAX, c->part,
+                                                 c->attn_splits_mma, 2, c->attn_mma_from, INT_MAX, c->attn_combine_from, c->part,
                                                  c->attn_cnt, c->att, c->xq, s));
         MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
         MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
@@ -434,6 +443,14 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         free(c);
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_GROUP=%s: want 0 or 1", ge);
     }
+    const char *ce = getenv("MI_CUDA_ATTN_COMBINE_FROM");
+    char *ce_end = nullptr;
+    const long comb = ce ? strtol(ce, &ce_end, 10) : MI_ATTN_COMBINE_FROM;
+    if (ce && (ce_end == ce || *ce_end || comb < 1 || comb > MI_ATTN_SPLITS + 1)) {
+        free(c);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_COMBINE_FROM=%s: want 1..%d", ce, MI_ATTN_SPLITS + 1);
+    }
+    c->attn_combine_from = (int)comb;
     // MI_CUDA_ATTN_MMA=1: the tensor-core attention (attention.cu; head_dim 64 / 128, G <= 16).
     const char *te = getenv("MI_CUDA_ATTN_MMA");
     if (te && te[0] && strcmp(te, "0") != 0 && strcmp(te, "1") != 0) {
