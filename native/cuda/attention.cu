@@ -529,8 +529,8 @@ __global__ void __launch_bounds__(NW * 32)
 }
 
 // The tensor-core kernel's split merge as a launch of its own, for rows of >= combine_from splits
-// (default 33: MI_ATTN_COMBINE_FROM, context.cu; the kernel's last block merges the others, as
-// mi_attn_kernel does). Block = (query head h, row t), 4 x HD
+// (context.cu: every row for models with <= 2 KV heads on the H200, else none; the kernel's last
+// block merges the others, as mi_attn_kernel does). Block = (query head h, row t), 4 x HD
 // threads: thread (q, dd) loads the M, L and acc[dd] of splits q, q + 4, .. (16 at most), all in
 // flight at once, and merges them; then the 4 quarters are merged in order and the output
 // quantized. So the merge is one round of loads spread over n_head blocks, where the last-block

@@ -35,12 +35,15 @@
 // shape 1.081 vs 1.136 ms a token, 0.5B 0.709 vs 0.726; the same at 4,096; at 16,384 64 win (1.641
 // vs 1.756 ms): docs/perf.md, session 8.
 #define MI_ATTN_SPLITS_CC 32
-// Rows of the tensor-core attention with at least this many KV splits are merged by a launch of
-// their own (mi_attn_combine_kernel), the others by the kernel's last block. Measured (depth.py,
-// GPU ms a token, last-block merge / own launch for every row; docs/perf.md, session 8): 1.5B shape
-// (up to 64 splits) 16,384 1.317 / 1.250, 4,096 (32) 1.108 / 1.102, 2,048 (16) 1.066 / 1.086; 7B
-// (<= 32) 16,384 2.697 / 2.735; 14B (<= 16) 6.166 / 6.176: the launch pays only past 32 splits.
-#define MI_ATTN_COMBINE_FROM 33
+// The tensor-core attention's split merge by a launch of its own (mi_attn_combine_kernel) for
+// every row where that kernel may take more than 32 splits (mi_mma_splits > 32: <= 2 KV heads on
+// the H200), else by the kernel's last block. Measured (depth.py, GPU ms a token, last-block merge /
+// own launch for every row; docs/perf.md, session 8): 1.5B shape (up to 64 splits) 16,384 1.317 /
+// 1.250, 4,096 (32) 1.108 / 1.102, 2,048 (16) 1.066 / 1.086; 7B (<= 32) 16,384 2.697 / 2.735; 14B
+// (<= 16) 6.166 / 6.176: the launch pays only past 32 splits. Choosing per row (rows of >= 33
+// splits only) costs the launch at every depth without its gain below 33 (1.5B at 2,048: 1.135 vs
+// 1.070), so the choice is per model.
+#define MI_ATTN_COMBINE_SPLITS 32
 
 struct mi_cuda_layer {
     mi_dtensor wq, wk, wv, wo, gate, up, down;
@@ -83,7 +86,7 @@ struct mi_cuda_ctx {
     // one wave of blocks at nt = 1 (mi_mma_splits).
     int attn_splits, attn_group, attn_splits_mma;
     // Rows of the tensor-core attention with >= attn_combine_from splits are merged by a launch of
-    // their own (MI_ATTN_COMBINE_FROM; MI_CUDA_ATTN_COMBINE_FROM=N, 1..65 (65: never)).
+    // their own (default 1 or 65 = never: MI_ATTN_COMBINE_SPLITS; MI_CUDA_ATTN_COMBINE_FROM=N, 1..65).
     int attn_combine_from;
     // Rows at positions >= attn_mma_from run the tensor-core attention, the others the CUDA-core
     // kernel (INT_MAX: never; 0: always): a function of the position alone, so rows stay bitwise
@@ -445,7 +448,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     }
     const char *ce = getenv("MI_CUDA_ATTN_COMBINE_FROM");
     char *ce_end = nullptr;
-    const long comb = ce ? strtol(ce, &ce_end, 10) : MI_ATTN_COMBINE_FROM;
+    const long comb = ce ? strtol(ce, &ce_end, 10) : c->attn_splits_mma > MI_ATTN_COMBINE_SPLITS ? 1 : MI_ATTN_SPLITS + 1;
     if (ce && (ce_end == ce || *ce_end || comb < 1 || comb > MI_ATTN_SPLITS + 1)) {
         free(c);
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_COMBINE_FROM=%s: want 1..%d", ce, MI_ATTN_SPLITS + 1);
