@@ -6,7 +6,8 @@
 // warps, then splits, are merged in a fixed order. Before the PDL wait the block prefetches its
 // K/V rows into L2 (older slots are constants by then). The last
 // block of a (row, head block) to finish (a counter, as the CUDA threadFenceReduction sample)
-// merges the splits and quantizes the output: one launch per layer.
+// merges the splits and quantizes the output: one launch per layer (the tensor-core kernel: two
+// where mi_attn_combine_kernel merges).
 //
 // Identity contract: the split boundaries, the slots each warp takes and every reduction order
 // are functions of n_kv = pos[t] + 1 and of the model's shape alone, so a row's output never
@@ -306,6 +307,10 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
 // d = 64m + 8gid + i, so one 16-byte load of each of the lane's four V rows (slots 2tig, 2tig + 1,
 // 8 + 2tig, 9 + 2tig) feeds eight n-tiles; the accumulator's column n = 2tig + e is d = 64m + 8n + i.
 constexpr int MI_ATTN_MMA_TILE = 16; // slots per warp step
+// Warps a tensor-core block for G query heads a KV head (8 for G <= 8, else 4 with 16 merge rows):
+// the launch's choice, and so the slots per block step (x MI_ATTN_MMA_TILE) the combine launch
+// recomputes the splits from.
+__host__ __device__ constexpr int mi_attn_mma_warps(int G) { return G <= 8 ? 8 : 4; }
 
 __device__ __forceinline__ void mi_mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -620,7 +625,7 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
         if (a.group == 2) { // tensor cores: 8 warps a block for G <= 8 (the 1.5B at 16k: 1.335 vs 1.490 ms
                             // with 4; docs/perf.md, session 7), else 4 warps and 16 merge rows
             const dim3 grid(a.n_head_kv, a.nt, a.max_splits);
-            const bool wide = a.n_head / a.n_head_kv <= 8;
+            const bool wide = mi_attn_mma_warps(a.n_head / a.n_head_kv) == 8;
             const cudaError_t e =
                 wide ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.n_head,
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from)
@@ -628,7 +633,7 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
             return mi_launch(mi_attn_combine_kernel<DPL * 32>, dim3(a.n_head, a.nt), 4 * DPL * 32, s, a.part, a.pos,
-                             a.n_head, (wide ? 8 : 4) * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo,
+                             a.n_head, mi_attn_mma_warps(a.n_head / a.n_head_kv) * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo,
                              a.hi);
         }
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {

@@ -36,14 +36,14 @@
 // vs 1.756 ms): docs/perf.md, session 8.
 #define MI_ATTN_SPLITS_CC 32
 // The tensor-core attention's split merge by a launch of its own (mi_attn_combine_kernel) for
-// every row where that kernel may take more than 32 splits (mi_mma_splits > 32: <= 2 KV heads on
-// the H200), else by the kernel's last block. Measured (depth.py, GPU ms a token, last-block merge /
-// own launch for every row; docs/perf.md, session 8): 1.5B shape (up to 64 splits) 16,384 1.317 /
-// 1.250, 4,096 (32) 1.108 / 1.102, 2,048 (16) 1.066 / 1.086; 7B (<= 32) 16,384 2.697 / 2.735; 14B
-// (<= 16) 6.166 / 6.176: the launch pays only past 32 splits. Choosing per row (rows of >= 33
-// splits only) costs the launch at every depth without its gain below 33 (1.5B at 2,048: 1.135 vs
-// 1.070), so the choice is per model.
-#define MI_ATTN_COMBINE_SPLITS 32
+// every row where that kernel may take more than 48 splits (mi_mma_splits > 48: <= 2 KV heads on
+// the H200, 64 splits), else by the kernel's last block. Measured (depth.py, GPU ms a token,
+// last-block merge / own launch for every row; docs/perf.md, session 8): 1.5B shape (<= 64 splits)
+// 16,384 (43 used) 1.317 / 1.250, 4,096 (33) 1.108 / 1.102, 2,048 (17) 1.066 / 1.086; 7B (<= 33)
+// 16,384 (33) 2.697 / 2.735, 4,096 (33) 2.455 / 2.506; 14B (<= 16) 6.166 / 6.176: the launch pays on
+// the 2-KV-head shapes only. Choosing per row (rows of >= 33 splits only) costs the launch at every depth
+// without its gain below (1.5B at 2,048: 1.135 vs 1.070), so the choice is per model.
+#define MI_ATTN_COMBINE_SPLITS 48
 
 struct mi_cuda_layer {
     mi_dtensor wq, wk, wv, wo, gate, up, down;
@@ -325,7 +325,6 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
     return MI_OK;
 }
 
-// Which attention kernels rows at positions pos[0..nt) need (bit 0: CUDA-core, bit 1: tensor-core).
 // Most KV splits of the tensor-core attention: one block per (KV head, split), as many blocks as
 // the device has SMs (capped at MI_ATTN_SPLITS): a block holds a whole SM's registers, so more
 // splits only add waves and merge work. Measured at 16k on the H200 (132 SMs; docs/perf.md,
@@ -342,6 +341,7 @@ int mi_mma_splits(int n_head_kv) {
     return s < 1 ? 1 : s > MI_ATTN_SPLITS ? MI_ATTN_SPLITS : s;
 }
 
+// Which attention kernels rows at positions pos[0..nt) need (bit 0: CUDA-core, bit 1: tensor-core).
 int mi_regime(const mi_cuda_ctx *c, const int32_t *pos, int nt) {
     int r = 0;
     for (int i = 0; i < nt; i++) r |= pos[i] >= c->attn_mma_from ? 2 : 1;
@@ -447,6 +447,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_GROUP=%s: want 0 or 1", ge);
     }
     const char *ce = getenv("MI_CUDA_ATTN_COMBINE_FROM");
+    if (ce && !ce[0]) ce = nullptr; // empty: unset, as for MI_CUDA_ATTN_MMA
     char *ce_end = nullptr;
     const long comb = ce ? strtol(ce, &ce_end, 10) : c->attn_splits_mma > MI_ATTN_COMBINE_SPLITS ? 1 : MI_ATTN_SPLITS + 1;
     if (ce && (ce_end == ce || *ce_end || comb < 1 || comb > MI_ATTN_SPLITS + 1)) {
@@ -461,6 +462,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_MMA=%s: want 0 or 1", te);
     }
     const char *fe2 = getenv("MI_CUDA_ATTN_MMA_FROM");
+    if (fe2 && !fe2[0]) fe2 = nullptr; // empty: unset, as for MI_CUDA_ATTN_MMA
     char *fe2_end = nullptr;
     const long mma_from = fe2 ? strtol(fe2, &fe2_end, 10) : MI_ATTN_MMA_FROM;
     if (fe2 && (fe2_end == fe2 || *fe2_end || mma_from < 0 || mma_from > INT_MAX)) {
