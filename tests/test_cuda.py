@@ -582,6 +582,16 @@ def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
         make_ctx(small_model(11), 1)
 
 
+@pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM"])
+def test_empty_tuning_environment_is_unset(var, monkeypatch):
+    """VAR= (empty, as `bench/depth.py --env VAR=,1` sets it) means the default, not an error."""
+    model = small_model(11)
+    V = SMALL["n_vocab"]
+    ref = run(make_ctx(model, 1), [1, 2, 3], [0, 1, 2], V)[0]
+    monkeypatch.setenv(var, "")
+    assert np.array_equal(run(make_ctx(model, 1), [1, 2, 3], [0, 1, 2], V)[0], ref)
+
+
 def test_prefill_chunking_within_tolerance():
     """One 40-token prefill (GEMM), chunks 16+16+8 (GEMM, GEMM, mat-vec) and eight 5-token
     chunks (mat-vec): the last row's logits agree within the tolerance of the two paths."""
