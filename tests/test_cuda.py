@@ -428,6 +428,17 @@ ATTN_SHAPES = {
 }
 
 
+def attn_case(shape, model_seed, P, rng_seed, n_batch=5):
+    """An f32-weight small model of head layout ``shape`` (only the f16 KV cache differs from the
+    CPU), a random prompt of P tokens and a random verify batch: (model, prompt, batch)."""
+    F = bg.F32
+    model = small_model(model_seed, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
+                        **ATTN_SHAPES[shape])
+    rng = np.random.default_rng(rng_seed)
+    V = SMALL["n_vocab"]
+    return model, list(rng.integers(0, V, P)), list(rng.integers(0, V, n_batch))
+
+
 def check_batch_rows(model, prompt, batch, graphs=True):
     """After ``prompt``: a verify batch of ``batch`` equals its single-token forwards bitwise (logits
     and argmax) and the CPU's within NMSE 1e-5 (f32 weights: only the f16 KV cache differs).
@@ -460,12 +471,8 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
     monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
     monkeypatch.setenv("MI_CUDA_ATTN_GROUP", "0" if mma else group)
     monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1" if mma else "0")
-    F = bg.F32
-    model = small_model(8, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
-                        **ATTN_SHAPES[shape])
-    V, P = SMALL["n_vocab"], 300
-    rng = np.random.default_rng(8)
-    prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
+    P = 300
+    model, prompt, batch = attn_case(shape, 8, P, 8)
     lb = check_batch_rows(model, prompt, batch)
     if mma:  # the tensor-core kernel really ran: another summation order than the CUDA-core one
         l0, _ = batch_under_env(monkeypatch, "MI_CUDA_ATTN_MMA", ("0",), model, prompt, batch)[0]
@@ -490,12 +497,7 @@ def test_attention_many_splits(shape, P, kernel, monkeypatch):
         monkeypatch.setenv("MI_CUDA_ATTN_MMA_FROM", "4096")
     else:
         monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1" if kernel == "mma" else "0")
-    F = bg.F32
-    model = small_model(13, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
-                        **ATTN_SHAPES[shape])
-    V = SMALL["n_vocab"]
-    rng = np.random.default_rng(P)
-    prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
+    model, prompt, batch = attn_case(shape, 13, P, P)
     lb = check_batch_rows(model, prompt, batch)
     if kernel == "cuda_core_32" and ATTN_SHAPES[shape]["head_dim"] == 128:  # > 32 tiles of 32 slots
         (l64, _), = batch_under_env(monkeypatch, "MI_CUDA_ATTN_MMA", ("0",), model, prompt, batch)
@@ -509,11 +511,11 @@ def test_attention_many_splits(shape, P, kernel, monkeypatch):
             assert np.array_equal(lb, ln if shape == "kv8_hd128" else la)
 
 
-def check_batch_rows_under(monkeypatch, var, value, model, prompt, batch):
+def check_batch_rows_under(monkeypatch, var, value, model, prompt, batch, graphs=True):
     """check_batch_rows with the environment variable ``var`` set to ``value`` (restored after)."""
     with monkeypatch.context() as m:
         m.setenv(var, value)
-        return check_batch_rows(model, prompt, batch)
+        return check_batch_rows(model, prompt, batch, graphs=graphs)
 
 
 @pytest.mark.parametrize("graphs", ["1", "0"])
@@ -523,13 +525,10 @@ def test_attention_combine_threshold_inside_a_batch(graphs, monkeypatch):
     the combine launch; each row equals its single-token forward bitwise and the CPU within NMSE
     1e-5, the first two equal a never-combine context's and the others do not."""
     monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1")
-    F = bg.F32
-    model = small_model(14, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
-                        **ATTN_SHAPES["g6_hd128"])
-    V, P = SMALL["n_vocab"], 1150
-    rng = np.random.default_rng(15)
-    prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
-    lm = check_batch_rows_under(monkeypatch, "MI_CUDA_ATTN_COMBINE_FROM", "10", model, prompt, batch)
+    P = 1150
+    model, prompt, batch = attn_case("g6_hd128", 14, P, 15)
+    lm = check_batch_rows_under(monkeypatch, "MI_CUDA_ATTN_COMBINE_FROM", "10", model, prompt, batch,
+                                graphs=graphs == "1")
     (ln, _), = batch_under_env(monkeypatch, "MI_CUDA_ATTN_COMBINE_FROM", ("65",), model, prompt, batch)
     assert np.array_equal(lm[:2], ln[:2])  # the prompt's rows (<= 9 splits) took the same path
     assert not np.array_equal(lm[2:], ln[2:])
@@ -543,12 +542,8 @@ def test_attention_switch_position_splits_a_batch(shape, graphs, monkeypatch):
     equals its single-token forward bitwise (those use one kernel each) and the CPU within
     tolerance, and the switch really changes rows (302.. differ from a never-switch context)."""
     monkeypatch.setenv("MI_CUDA_ATTN_MMA_FROM", "302")
-    F = bg.F32
-    model = small_model(8, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
-                        **ATTN_SHAPES[shape])
-    V, P = SMALL["n_vocab"], 300
-    rng = np.random.default_rng(12)
-    prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
+    P = 300
+    model, prompt, batch = attn_case(shape, 8, P, 12)
     lb = check_batch_rows(model, prompt, batch, graphs=graphs == "1")
     ln, _ = batch_under_env(monkeypatch, "MI_CUDA_ATTN_MMA", ("0",), model, prompt, batch)[0]
     assert np.array_equal(lb[:2], ln[:2])  # rows below the switch: the same kernel
@@ -559,12 +554,8 @@ def test_attention_switch_position_splits_a_batch(shape, graphs, monkeypatch):
                                    "g8_hd128"])
 def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
     """MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group) is a speed choice only."""
-    F = bg.F32
-    model = small_model(9, types=dict(embd=F, output=F, q=F, k=F, v=F, o=F, gate=F, up=F, down=F),
-                        **ATTN_SHAPES[shape])
-    V, P = SMALL["n_vocab"], 150
-    rng = np.random.default_rng(9)
-    prompt, batch = list(rng.integers(0, V, P)), list(rng.integers(0, V, 5))
+    P = 150
+    model, prompt, batch = attn_case(shape, 9, P, 9)
     out = batch_under_env(monkeypatch, "MI_CUDA_ATTN_GROUP", ("0", "1"), model, prompt, batch)
     assert np.std(out[0][0]) > 0.1
     assert np.array_equal(out[0][0], out[1][0])

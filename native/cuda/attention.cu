@@ -625,16 +625,15 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
         if (a.group == 2) { // tensor cores: 8 warps a block for G <= 8 (the 1.5B at 16k: 1.335 vs 1.490 ms
                             // with 4; docs/perf.md, session 7), else 4 warps and 16 merge rows
             const dim3 grid(a.n_head_kv, a.nt, a.max_splits);
-            const bool wide = mi_attn_mma_warps(a.n_head / a.n_head_kv) == 8;
+            const int nw = mi_attn_mma_warps(a.n_head / a.n_head_kv);
             const cudaError_t e =
-                wide ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.n_head,
+                nw == 8 ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.n_head,
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from)
-                     : mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.n_head,
+                        : mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.n_head,
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
             return mi_launch(mi_attn_combine_kernel<DPL * 32>, dim3(a.n_head, a.nt), 4 * DPL * 32, s, a.part, a.pos,
-                             a.n_head, mi_attn_mma_warps(a.n_head / a.n_head_kv) * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo,
-                             a.hi);
+                             a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
         }
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);

@@ -41,8 +41,8 @@
 // last-block merge / own launch for every row; docs/perf.md, session 8): 1.5B shape (<= 64 splits)
 // 16,384 (43 used) 1.317 / 1.250, 4,096 (33) 1.108 / 1.102, 2,048 (17) 1.066 / 1.086; 7B (<= 33)
 // 16,384 (33) 2.697 / 2.735, 4,096 (33) 2.455 / 2.506; 14B (<= 16) 6.166 / 6.176: the launch pays on
-// the 2-KV-head shapes only. Choosing per row (rows of >= 33 splits only) costs the launch at every depth
-// without its gain below (1.5B at 2,048: 1.135 vs 1.070), so the choice is per model.
+// the 2-KV-head shapes only. Choosing per row (rows of >= 33 splits only) costs the launch at every
+// depth without its gain below (1.5B at 2,048: 1.135 vs 1.070), so the choice is per model.
 #define MI_ATTN_COMBINE_SPLITS 48
 
 struct mi_cuda_layer {
@@ -281,8 +281,8 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                                                  c->attn_cnt, c->att, c->xq, s));
         if (regime & 2)
             MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
-                                                 c->attn_splits_mma, 2, c->attn_mma_from, INT_MAX, c->attn_combine_from, c->part,
-                                                 c->attn_cnt, c->att, c->xq, s));
+                                                 c->attn_splits_mma, 2, c->attn_mma_from, INT_MAX,
+                                                 c->attn_combine_from, c->part, c->attn_cnt, c->att, c->xq, s));
         MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
         MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
         const bool q_down = L->down.type != MI_TYPE_F32 && L->down.type != MI_TYPE_F16;
@@ -449,7 +449,9 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     const char *ce = getenv("MI_CUDA_ATTN_COMBINE_FROM");
     if (ce && !ce[0]) ce = nullptr; // empty: unset, as for MI_CUDA_ATTN_MMA
     char *ce_end = nullptr;
-    const long comb = ce ? strtol(ce, &ce_end, 10) : c->attn_splits_mma > MI_ATTN_COMBINE_SPLITS ? 1 : MI_ATTN_SPLITS + 1;
+    const long comb = ce                                            ? strtol(ce, &ce_end, 10)
+                      : c->attn_splits_mma > MI_ATTN_COMBINE_SPLITS ? 1
+                                                                    : MI_ATTN_SPLITS + 1; // never
     if (ce && (ce_end == ce || *ce_end || comb < 1 || comb > MI_ATTN_SPLITS + 1)) {
         free(c);
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_COMBINE_FROM=%s: want 1..%d", ce, MI_ATTN_SPLITS + 1);
