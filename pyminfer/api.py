@@ -14,6 +14,7 @@ generation in the thread that holds an unfinished stream raises RuntimeError.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
@@ -21,9 +22,25 @@ from typing import Any, Iterator, Sequence, Union
 from .generate import Chunk, GenerationResult, generate_stream
 from .sampling import SamplingParams
 
-__all__ = ["LLM", "Chunk", "GenerationResult", "Prompt"]
+__all__ = ["LLM", "Chunk", "GenerationResult", "Prompt", "ChatTemplateError", "MessageError", "ROLES"]
 
 Prompt = Union[str, Sequence[int]]
+
+# The roles a chat message may have (OpenAI's). "developer" is OpenAI's newer name for "system" and
+# is rendered as "system": GGUF chat templates predate it and would drop or mislabel the turn.
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class MessageError(ValueError):
+    """A malformed chat message; ``param`` is the field's path (``messages.1.tool_calls``)."""
+
+    def __init__(self, message: str, param: str = "messages"):
+        super().__init__(message)
+        self.param = param
+
+
+class ChatTemplateError(ValueError):
+    """The model's chat template itself is broken (a jinja syntax error): no request can fix it."""
 
 
 class LLM:
@@ -126,6 +143,7 @@ class LLM:
         its id; ``add_bos``: default is the model's add_bos_token. Raises TypeError for non-str."""
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
+        _check_text(text, "text")
         return self.tokenizer.encode(text, parse_special=parse_special, add_bos=add_bos)
 
     def detokenize(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
@@ -135,8 +153,28 @@ class LLM:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         """The prompt text of ``messages`` ([{"role": ..., "content": ...}]) under the model's chat
-        template. Raises ValueError when the model has no template or the messages are malformed."""
-        return self.tokenizer.apply_chat_template(_check_messages(messages), add_generation_prompt=add_generation_prompt)
+        template; roles are those of ``ROLES`` ("developer" is rendered as "system").
+
+        Raises:
+            MessageError (a ValueError): malformed messages (unknown role, bad content or tool_calls).
+            ChatTemplateError (a ValueError): the model's template does not compile.
+            ValueError: the model has no template, or the template refuses these messages (its
+                ``raise_exception``, or an error while rendering them).
+        """
+        from jinja2 import TemplateError, TemplateSyntaxError
+
+        msgs = _check_messages(messages)
+        try:
+            return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)
+        except TemplateSyntaxError as e:
+            raise ChatTemplateError(f"this model's chat template (tokenizer.chat_template in the GGUF) does not "
+                                    f"compile: {e.message} (template line {e.lineno}); chat requests cannot be "
+                                    "rendered: give a raw prompt instead") from e
+        except ValueError:  # no template, or the template's raise_exception: already says what is wrong
+            raise
+        except (TemplateError, TypeError, AttributeError, KeyError, IndexError) as e:
+            # an error inside the render, e.g. a template that needs a field these messages lack
+            raise ValueError(f"the chat template could not render these messages: {type(e).__name__}: {e}") from e
 
     # ------------------------------------------------------------------ generation
     def prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -195,10 +233,11 @@ class LLM:
         return res
 
     def chat(self, messages: list[dict[str, Any]], **kw: Any) -> GenerationResult | Iterator[Chunk]:
-        """Answer a conversation: ``messages`` ([{"role": "system"|"user"|"assistant", "content": str}])
-        rendered with the model's chat template plus the assistant prefix, then ``generate(**kw)``
-        (same keywords and return value). Raises ValueError without a chat template or for malformed
-        messages."""
+        """Answer a conversation: ``messages`` ([{"role": "system"|"developer"|"user"|"assistant"|"tool",
+        "content": str}], assistant turns optionally with OpenAI ``tool_calls``) rendered with the
+        model's chat template plus the assistant prefix, then ``generate(**kw)`` (same keywords and
+        return value). Raises ValueError (see ``apply_chat_template``) without a usable chat template
+        or for malformed messages."""
         text = self.apply_chat_template(messages, add_generation_prompt=True)
         return self.generate(text, **kw)
 
@@ -212,6 +251,8 @@ class LLM:
             stops = list(stop)
             if not all(isinstance(s, str) for s in stops):
                 raise TypeError("stop must be a string or a list of strings")
+        for i, s in enumerate(stops):
+            _check_text(s, f"stop[{i}]")
         p = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
                            min_p=float(min_p), repeat_penalty=float(repeat_penalty),
                            repeat_last_n=int(repeat_last_n), seed=seed, stop=stops)
@@ -287,13 +328,74 @@ def _check_ids(ids: Any, n_vocab: int) -> list[int]:
     return out
 
 
+def _lone_surrogate(text: str) -> int | None:
+    """Index of the first lone UTF-16 surrogate in ``text`` (None when there is none). Python's json
+    reads ``"\\ud800"`` into such a string; it is not Unicode text and cannot be encoded or tokenized."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def _check_text(text: str, what: str) -> None:
+    """ValueError naming ``what`` when ``text`` holds a lone surrogate."""
+    i = _lone_surrogate(text)
+    if i is not None:
+        raise ValueError(f"{what}: invalid Unicode (lone surrogate U+{ord(text[i]):04X} at index {i}); "
+                         "send valid UTF-8 text")
+
+
+def _check_tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """OpenAI ``tool_calls`` of assistant message ``i``, each function's ``arguments`` as an object:
+    OpenAI sends them as JSON text, but templates (HF convention) expect a mapping and would
+    otherwise print a quoted string (the same conversion as vLLM and llama.cpp)."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise MessageError(f"{where} must be a list of tool calls", f"messages.{i}.tool_calls")
+    out = []
+    for k, tc in enumerate(calls):
+        w, param = f"{where}[{k}]", f"messages.{i}.tool_calls.{k}"
+        if not isinstance(tc, dict):
+            raise MessageError(f"{w} must be an object", param)
+        if tc.get("type", "function") != "function":
+            raise MessageError(f"{w}.type must be 'function'", param + ".type")
+        if "id" in tc and not isinstance(tc["id"], str):
+            raise MessageError(f"{w}.id must be a string", param + ".id")
+        fn = tc.get("function")
+        if not isinstance(fn, dict):
+            raise MessageError(f"{w}.function must be an object with 'name' and 'arguments'", param + ".function")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise MessageError(f"{w}.function.name must be a non-empty string", param + ".function.name")
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                args = None
+        if not isinstance(args, dict):
+            raise MessageError(f"{w}.function.arguments must be a JSON object (as text or as an object)",
+                               param + ".function.arguments")
+        out.append({**tc, "function": {**fn, "arguments": args}})
+    return out
+
+
 def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages as the template gets them: content as one string, "developer" as "system",
+    tool_calls' arguments as objects. MessageError for anything malformed."""
     if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...}")
+        raise MessageError("messages must be a non-empty list of {'role': ..., 'content': ...}")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ValueError(f"messages[{i}] must be a dict with a string 'role'")
+            raise MessageError(f"messages[{i}] must be a dict with a string 'role'", f"messages.{i}")
+        role = m["role"]
+        if role not in ROLES:
+            # a role the template does not know is dropped or mislabeled by most templates: refuse it
+            raise MessageError(f"messages[{i}].role: unknown role {role!r}; accepted roles: {', '.join(ROLES)}",
+                               f"messages.{i}.role")
         c = m.get("content")
         if c is None:
             c = ""
@@ -303,9 +405,22 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
                 if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
                     parts.append(p["text"])
                 else:
-                    raise ValueError(f"messages[{i}].content: only text parts are supported")
+                    raise MessageError(f"messages[{i}].content: only text parts are supported", f"messages.{i}.content")
             c = "".join(parts)
         if not isinstance(c, str):
-            raise ValueError(f"messages[{i}].content must be a string")
-        out.append({**m, "content": c})
+            raise MessageError(f"messages[{i}].content must be a string", f"messages.{i}.content")
+        try:
+            _check_text(c, f"messages[{i}].content")
+        except ValueError as e:
+            raise MessageError(str(e), f"messages.{i}.content") from None
+        for key in ("name", "tool_call_id"):
+            if m.get(key) is not None and not isinstance(m[key], str):
+                raise MessageError(f"messages[{i}].{key} must be a string", f"messages.{i}.{key}")
+        msg = {**m, "role": "system" if role == "developer" else role, "content": c}
+        if m.get("tool_calls") is not None:
+            msg["tool_calls"] = _check_tool_calls(m["tool_calls"], i)
+            if msg["tool_calls"] and role != "assistant":
+                raise MessageError(f"messages[{i}].tool_calls: only assistant messages carry tool calls",
+                                   f"messages.{i}.tool_calls")
+        out.append(msg)
     return out

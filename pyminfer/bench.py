@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine import Model, log
+from .engine import INT_MAX, Model, log
 
 BENCH_PROMPTS = [
     ("code", "Write a Python function that checks whether a string is a palindrome."),
@@ -130,8 +130,10 @@ def bench_spec(target: Model, draft: Model, args: argparse.Namespace) -> list[di
         lo, hi = int(np.floor(dm)), int(np.ceil(dm))
         c_round = ct[lo + 1] + (ct[hi + 1] - ct[lo + 1]) * (dm - lo) + dm * cd
         pred = st["tokens_per_round"] / c_round if c_round > 0 else 0.0
-        rows.append({"prompt": cat, "text": text[:40], "seq_tok_s": statistics.median(seq),
-                     "spec_tok_s": statistics.median(spec), "speedup": statistics.median(spec) / statistics.median(seq),
+        seq_med, spec_med = statistics.median(seq), statistics.median(spec)
+        rows.append({"prompt": cat, "text": text[:40], "seq_tok_s": seq_med, "spec_tok_s": spec_med,
+                     # no decoded token (an immediate end of generation): no speed, no ratio
+                     "speedup": spec_med / seq_med if seq_med > 0 else None,
                      "acceptance": st["acceptance_rate"], "tokens_per_round": st["tokens_per_round"], "mean_depth": dm,
                      # rounds per depth of the last repetition, "d:rounds" (which depths adaptive ran)
                      "depths": " ".join(f"{d}:{c}" for d, c in enumerate(st["depth_counts"]) if c),
@@ -145,6 +147,8 @@ def main_bench(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     max_nt = max(64, args.n_prompt if args.n_prompt <= 512 else 64)
     need = max(args.n_prompt, args.depth + args.n_gen, 256 + 16 if args.verify_curve else 0) + 16
+    if need > INT_MAX:  # the core's n_ctx is a C int
+        raise ValueError(f"-p/-n/-d: these tests need {need} context positions, more than the core's {INT_MAX}")
     if args.ctx_size is not None and args.ctx_size < need:
         raise ValueError(f"-c {args.ctx_size} is too small for these tests (they need {need} positions)")
     m = Model(path, device=args.device, n_ctx=args.ctx_size or max(need, 512), n_threads=args.threads, max_nt=max_nt)
@@ -184,6 +188,8 @@ def _emit(rows: list[dict[str, Any]], fmt: str) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
 
     def cell(v: Any) -> str:
+        if v is None:
+            return "n/a"
         return f"{v:.3f}" if isinstance(v, float) else str(v)
 
     if fmt == "csv":

@@ -2,6 +2,11 @@
 
 ``run`` streams only the generated text to stdout; load time and prefill/decode speed go to
 stderr (``--json`` prints one JSON object instead).
+
+Text input (prompts, files, standard input, chat lines) must be UTF-8: bytes that are not are
+refused with an error naming the input, rather than replaced (llama.cpp substitutes U+FFFD), so a
+prompt is never silently altered. A closed stdout (``pyminfer run ... | head``) ends the command
+quietly with status 141 (128 + SIGPIPE), as a tool killed by SIGPIPE would.
 """
 
 from __future__ import annotations
@@ -12,13 +17,22 @@ import os
 import sys
 from typing import Any, Sequence
 
+INT_MAX = 2**31 - 1  # the native core's int arguments (n_ctx, threads); engine.INT_MAX, without importing it
+
+
+def _model_help() -> str:
+    from .models import DEFAULT_MODEL, runnable_models
+
+    return (f"GGUF file or a known model name ({', '.join(runnable_models())}; default: {DEFAULT_MODEL}, "
+            "fetched into the cache)")
+
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", default=None,
-                   help="GGUF file or a known model name (default: qwen2.5-coder-0.5b, fetched into the cache)")
+    p.add_argument("-m", "--model", default=None, help=_model_help())
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all cores)")
-    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context size n_ctx (default min(4096, trained))")
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help=f"context size n_ctx, 1..{INT_MAX} (default min(4096, trained))")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +46,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="finite, > 0; 1.0: off")
     p.add_argument("--repeat-last-n", type=int, default=64)
     p.add_argument("--seed", type=int, default=None, help="RNG seed (-1 or absent: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -74,14 +88,48 @@ def _check_common(args: argparse.Namespace) -> None:
     ncpu = os.cpu_count() or 1
     if args.threads > 4 * ncpu:
         raise ValueError(f"--threads {args.threads} is more than 4x this machine's {ncpu} cores (0: all cores)")
-    if args.ctx_size is not None and args.ctx_size < 1:
-        raise ValueError("--ctx-size must be >= 1")
+    if args.ctx_size is not None and not 1 <= args.ctx_size <= INT_MAX:
+        raise ValueError(f"-c/--ctx-size must be in 1..{INT_MAX}, got {args.ctx_size}")
+    if getattr(args, "n_predict", 0) < 0:  # run and chat; checked here so chat refuses it before loading
+        raise ValueError("-n/--n-predict must be >= 0")
+    for opt in ("system", "stop"):  # text options (--stop repeatable): UTF-8, as every input
+        vals = getattr(args, opt, None)
+        for v in [vals] if isinstance(vals, str) else vals or []:
+            _check_arg_text(v, f"--{opt}")
     if getattr(args, "spec_draft", None) is None and getattr(args, "spec_draft_adaptive", False):
         raise ValueError("--spec-draft-adaptive needs a draft model (--spec-draft MODEL)")
     n = getattr(args, "spec_draft_n", 4)
     from .spec import MAX_DEPTH
     if not 0 <= n <= MAX_DEPTH:
         raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {n}")
+
+
+def _check_arg_text(text: str, what: str) -> None:
+    """ValueError naming the option when an argument was not UTF-8 (Python hands such argv bytes
+    over as lone surrogates, via surrogateescape)."""
+    from .tokenizer import check_unicode
+
+    check_unicode(text, what)
+
+
+def _decode_utf8(data: bytes, what: str) -> str:
+    """``data`` as UTF-8 text with universal newlines (as a text-mode read gives), or a ValueError
+    naming ``what`` and the first bad byte."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                         "convert it first, e.g. iconv -f latin1 -t utf-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _read_prompt_file(name: str) -> str:
+    """The prompt of ``-f NAME`` ('-': standard input), decoded as UTF-8."""
+    if name == "-":
+        buf = getattr(sys.stdin, "buffer", None)  # bytes, so the locale's encoding does not matter
+        return _decode_utf8(buf.read(), "standard input") if buf is not None else sys.stdin.read()
+    with open(name, "rb") as f:
+        return _decode_utf8(f.read(), name)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -92,15 +140,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.prompt is not None and args.file:
         raise ValueError("give the prompt with -p or -f, not both")
     prompt = args.prompt
-    if args.file == "-":
-        prompt = sys.stdin.read()
+    if prompt is not None:
+        _check_arg_text(prompt, "-p/--prompt")
     elif args.file:
-        with open(args.file, encoding="utf-8") as f:
-            prompt = f.read()
+        prompt = _read_prompt_file(args.file)
     if prompt is None:
         raise ValueError("give a prompt with -p or -f")
-    if args.n_predict < 0:
-        raise ValueError("-n/--n-predict must be >= 0")
     params = _params(args)
     params.validate()
     model, draft = _load(args)
@@ -143,6 +188,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from .models import resolve_model
     from .tokenizer import Tokenizer
 
+    _check_arg_text(args.text, "TEXT")
     tok = Tokenizer.from_gguf(resolve_model(args.model))
     print(json.dumps(tok.encode(args.text, parse_special=not args.no_parse_special)))
     return 0
@@ -186,14 +232,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError("-p, -n and -d/--depth must be >= 0")
     if not (args.n_prompt or args.n_gen or args.verify_curve or args.spec_draft):
         raise ValueError("nothing to measure: give -p and/or -n > 0, --verify-curve or --spec-draft")
+    if args.spec_draft and args.n_gen < 2:  # the first token comes from the prefill: no decode to time
+        raise ValueError(f"-n/--n-gen must be >= 2 with --spec-draft (decode speed is timed from the second "
+                         f"generated token), got {args.n_gen}")
 
     return main_bench(args)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from .chat import main_chat
+    from .tokenizer import InvalidUnicodeError
 
-    return main_chat(args)
+    _check_common(args)  # before the (slow) load: -n, -c, --system ...
+    _params(args).validate()
+
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:
+        # bad bytes become lone surrogates, refused when that line is tokenized: strict decoding
+        # would fail on a whole buffered chunk of piped input, before its good lines are answered
+        reconfigure(errors="surrogateescape")
+    bad = "standard input: a chat line is not valid UTF-8"
+    try:
+        return main_chat(args)
+    except InvalidUnicodeError as e:  # --system was checked above: this is an input line
+        byte = f" (byte 0x{e.byte:02x})" if e.byte is not None else ""
+        raise ValueError(f"{bad}{byte}; pyminfer reads UTF-8") from None
+    except UnicodeDecodeError as e:  # a stdin that could not be reconfigured
+        raise ValueError(f"{bad} (byte 0x{e.object[e.start]:02x}); pyminfer reads UTF-8") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -211,8 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="generate text from a prompt")
     _add_model_args(r)
-    r.add_argument("-p", "--prompt", default=None)
-    r.add_argument("-f", "--file", default=None, help="read the prompt from a file ('-': standard input)")
+    r.add_argument("-p", "--prompt", default=None, help="the prompt (UTF-8)")
+    r.add_argument("-f", "--file", default=None,
+                   help="read the prompt from a file ('-': standard input); it must be UTF-8: other bytes are "
+                        "an error, not replaced")
     r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
     r.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -221,15 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     t = sub.add_parser("tokenize", help="print token ids as a JSON list")
-    t.add_argument("-m", "--model", default=None)
+    t.add_argument("-m", "--model", default=None, help=_model_help())
     t.add_argument("--no-parse-special", action="store_true")
-    t.add_argument("text")
+    t.add_argument("text", metavar="TEXT", help="text to tokenize (UTF-8; other bytes are an error)")
     t.set_defaults(func=cmd_tokenize)
 
     b = sub.add_parser("bench", help="prefill / decode throughput (llama-bench style)")
     _add_model_args(b)
     b.add_argument("-p", "--n-prompt", type=int, default=512)
-    b.add_argument("-n", "--n-gen", type=int, default=128)
+    b.add_argument("-n", "--n-gen", type=int, default=128, help="tokens to generate (>= 2 with --spec-draft)")
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("-o", "--output", default="md", choices=["md", "json", "csv"])
     b.add_argument("-d", "--n-depth", "--depth", dest="depth", type=int, default=0,
@@ -238,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(b)
     b.set_defaults(func=cmd_bench)
 
-    c = sub.add_parser("chat", help="interactive multi-turn chat")
+    c = sub.add_parser("chat", help="interactive multi-turn chat (input lines must be UTF-8)")
     _add_model_args(c)
     _add_sampling_args(c)
     _add_spec_args(c)
@@ -280,6 +347,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away (``| head``): stop quietly, as a tool killed by SIGPIPE.
+        # Python docs, "Note on SIGPIPE": point stdout at devnull so the flush at exit cannot
+        # raise (and print) the same error again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout without a file descriptor (tests' capture)
+            pass
+        return 141
     except (ValueError, FileNotFoundError, RuntimeError, MemoryError, KeyError) as e:
         print(f"pyminfer: error: {e}", file=sys.stderr)
         return 1

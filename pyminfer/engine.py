@@ -20,6 +20,8 @@ from . import _core
 from .gguf_model import GGUFModel
 from .tokenizer import Tokenizer
 
+INT_MAX = 2**31 - 1  # the native core's int arguments (n_ctx, max_nt, n_threads)
+
 
 def resolve_device(device: str) -> int:
     """'cpu' | 'cuda' | 'auto' -> native device id. Raises ValueError/RuntimeError."""
@@ -59,10 +61,13 @@ class Model:
         self.tokenizer = Tokenizer.from_gguf(self.gguf.path)
         if n_ctx is None:
             n_ctx = min(4096, self.config.n_ctx_train)
-        if n_ctx < 1:
-            raise ValueError("n_ctx must be >= 1")
-        if n_threads < 0:
-            raise ValueError("n_threads must be >= 0 (0: all cores)")
+        # the native core takes C ints: past INT_MAX the conversion would raise OverflowError
+        if not 1 <= n_ctx <= INT_MAX:
+            raise ValueError(f"n_ctx must be in 1..{INT_MAX}, got {n_ctx}")
+        if not 0 <= n_threads <= INT_MAX:
+            raise ValueError(f"n_threads must be in 0..{INT_MAX} (0: all cores), got {n_threads}")
+        if not 1 <= max_nt <= INT_MAX:
+            raise ValueError(f"max_nt must be in 1..{INT_MAX}, got {max_nt}")
         if n_ctx > self.config.n_ctx_train:  # as llama.cpp: allowed, but quality degrades past it
             log(f"pyminfer: warning: n_ctx {n_ctx} is larger than the {self.config.n_ctx_train} positions "
                 f"{self.gguf.path.name} was trained on")

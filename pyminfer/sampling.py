@@ -3,7 +3,9 @@ repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw. Temperatur
 
 The repetition penalty follows llama.cpp's (CTRL, Keskar et al. 2019): for every distinct token in
 the last ``repeat_last_n`` generated-or-prompt tokens, a positive logit is divided by the penalty
-and a negative one multiplied by it.
+and a negative one multiplied by it. Any finite penalty > 0 is accepted: a tiny one can push a
+penalized logit past float32's range, so results are clamped to +-FLT_MAX (no inf, hence no
+inf - inf = nan in the softmax; ties at the clamp go to the lowest id, as argmax does).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+_F32_MAX = float(np.finfo(np.float32).max)
 
 @dataclass
 class SamplingParams:
@@ -40,8 +43,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not self.repeat_penalty > 0:
-            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if not (self.repeat_penalty > 0 and np.isfinite(self.repeat_penalty)):
+            raise ValueError(f"repeat_penalty must be finite and > 0 (1.0: off), got {self.repeat_penalty}")
         if self.repeat_last_n < 0:
             raise ValueError("repeat_last_n must be >= 0")
 
@@ -60,8 +63,17 @@ def apply_repeat_penalty(logits: np.ndarray, window: Sequence[int], penalty: flo
     if penalty == 1.0 or not len(window):
         return logits
     ids = np.unique(np.asarray(window, dtype=np.int64))
-    v = logits[ids]
-    logits[ids] = np.where(v > 0, v / penalty, v * penalty)
+    # llama.cpp holds the penalty as a float; rounded the same way and applied in float64, the
+    # result rounds to exactly the float32 quotient/product (f64 carries > 2*24+2 bits, so the
+    # double rounding is innocuous), which keeps every in-range penalty bit-identical to plain f32
+    # arithmetic. A penalty outside float32's range (0 or inf as a float32) is used as given.
+    with np.errstate(over="ignore", under="ignore"):
+        p32 = float(np.float32(penalty))
+        p = p32 if 0.0 < p32 < np.inf else float(penalty)
+        v = logits[ids].astype(np.float64)
+        out = np.where(v > 0, v / p, v * p)
+    # a tiny penalty overflows: clamp to float32's finite range instead of +-inf
+    logits[ids] = np.clip(out, -_F32_MAX, _F32_MAX).astype(np.float32)
     return logits
 
 
@@ -99,7 +111,8 @@ class Sampler:
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
             idx, vals = idx[keep], vals[keep]
-        z = (vals - vals[0]) / p.temperature
+        with np.errstate(over="ignore"):  # a tiny temperature sends z to -inf: weight 0, as it should
+            z = (vals - vals[0]) / p.temperature
         w = np.exp(z)
         w /= w.sum()
         return int(idx[self.rng.choice(len(idx), p=w)])

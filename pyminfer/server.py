@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, List, Optional, Union
+from typing import Annotated, Any, AsyncIterator, Callable, List, Optional, Union
 
 try:
     from fastapi import FastAPI, Request
@@ -33,7 +33,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
 
-from .api import LLM
+from .api import LLM, ChatTemplateError, _lone_surrogate
 from .generate import Chunk, GenerationResult
 from .sampling import SamplingParams
 
@@ -61,31 +61,46 @@ def _loading_error() -> APIError:
 
 
 # ---------------------------------------------------------------------------------------------- requests
+# JSON types as the OpenAI API states them, without pydantic's lax coercions: those read "yes" and 1
+# as true, true as 1, 2.0 as 2 and "0.5" as 0.5, so a mistyped field became a different request.
+# Floats also refuse NaN and Infinity, which Python's json module reads although JSON has neither.
+Int = Annotated[int, Field(strict=True)]
+Bool = Annotated[bool, Field(strict=True)]
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: Bool = False
+
+
 class _GenRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
-    max_tokens: Optional[int] = Field(default=None, ge=0)
-    max_completion_tokens: Optional[int] = Field(default=None, ge=0)
-    temperature: float = Field(default=0.8, ge=0.0)
-    top_p: float = Field(default=0.95, ge=0.0, le=1.0)
-    top_k: int = 40
-    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
-    repeat_penalty: float = Field(default=1.0, gt=0.0)
-    repeat_last_n: int = Field(default=64, ge=0)
+    max_tokens: Optional[Int] = Field(default=None, ge=0)
+    max_completion_tokens: Optional[Int] = Field(default=None, ge=0)
+    temperature: Float = Field(default=0.8, ge=0.0)
+    top_p: Float = Field(default=0.95, ge=0.0, le=1.0)
+    top_k: Int = 40
+    min_p: Float = Field(default=0.05, ge=0.0, le=1.0)
+    # any positive value, as llama.cpp's server (which does not range-check it at all)
+    repeat_penalty: Float = Field(default=1.0, gt=0.0)
+    repeat_last_n: Int = Field(default=64, ge=0)
     stop: Optional[Union[str, List[str]]] = None
-    seed: Optional[int] = None
-    stream: bool = False
-    stream_options: Optional[dict] = None
-    n: int = Field(default=1, ge=1, le=1)
+    seed: Optional[Int] = None
+    stream: Bool = False
+    stream_options: Optional[StreamOptions] = None
+    n: Int = Field(default=1, ge=1, le=1)
     # OpenAI fields this server does not implement: refused when they ask for something (400),
     # never silently ignored; their neutral values (false, 0, null, 1) pass.
-    logprobs: Optional[Union[bool, int]] = None
-    top_logprobs: Optional[int] = None
-    echo: bool = False
-    best_of: Optional[int] = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    logprobs: Optional[Union[Bool, Int]] = None
+    top_logprobs: Optional[Int] = None
+    echo: Bool = False
+    best_of: Optional[Int] = None
+    frequency_penalty: Float = 0.0
+    presence_penalty: Float = 0.0
     logit_bias: Optional[dict] = None
     tools: Optional[list] = None
     response_format: Optional[dict] = None
@@ -104,7 +119,7 @@ class _GenRequest(BaseModel):
 
 
 class CompletionRequest(_GenRequest):
-    prompt: Union[str, List[int], List[str]]
+    prompt: Union[str, List[Int], List[str]]
 
 
 class ChatMessage(BaseModel):
@@ -120,23 +135,93 @@ class ChatRequest(_GenRequest):
 
 class TokenizeRequest(BaseModel):
     content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
+    add_special: Bool = False
+    parse_special: Bool = True
+    with_pieces: Bool = False
 
 
 class DetokenizeRequest(BaseModel):
-    tokens: List[int]
+    tokens: List[Int]
+
+
+_REQUESTS = (CompletionRequest, ChatRequest, ChatMessage, StreamOptions, TokenizeRequest, DetokenizeRequest)
+# Field names of the request models: what in a pydantic error location is a field (the rest are the
+# names of union members such as 'list[int]', which mean nothing to a client).
+_FIELDS = frozenset(name for m in _REQUESTS for name in m.model_fields)
+# What a union-typed field accepts, said plainly (pydantic reports one error per union member).
+_UNION_KINDS = {
+    "prompt": "a string, a list of token ids, or a list of strings",
+    "stop": "a string or a list of strings",
+    "content": "a string or a list of content parts",
+    "logprobs": "a boolean or an integer",
+}
+# pydantic error type -> what the value must be
+_TYPE_KINDS = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+    "string_type": "a string", "list_type": "a list", "dict_type": "an object", "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"),
+           "less_than": ("<", "lt")}
 
 
 def _validation_api_error(errs: Any) -> APIError:
+    """The first pydantic error as a 400 whose message names the field plainly
+    (``max_tokens: must be an integer, got true``)."""
     e = errs[0] if errs else {}
-    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-    param = ".".join(loc) or None
-    msg = e.get("msg", "invalid request")
-    if e.get("type") == "missing":
+    path: list[str] = []
+    in_union = False
+    for x in e.get("loc", ()):
+        if isinstance(x, int) or x in _FIELDS:
+            path.append(str(x))
+        elif x != "body":  # a union member's name: what follows it belongs to that member only
+            in_union = True
+            break
+    param = ".".join(path) or None
+    field = path[-1] if path else ""
+    typ = e.get("type", "")
+    if typ == "missing":
         return APIError(400, f"missing required field '{param}'", param=param, code="missing_field")
-    return APIError(400, f"'{param}': {msg}" if param else msg, param=param, code="invalid_value")
+    if in_union and field in _UNION_KINDS:
+        msg = f"must be {_UNION_KINDS[field]}"
+    elif typ in _TYPE_KINDS:
+        msg = f"must be {_TYPE_KINDS[typ]}"
+        got = e.get("input")
+        if isinstance(got, (bool, int, float)) or (isinstance(got, str) and len(got) <= 40):
+            msg += f", got {json.dumps(got)}"
+    elif typ in _BOUNDS:
+        op, key = _BOUNDS[typ]
+        msg = f"must be {op} {(e.get('ctx') or {}).get(key)}"
+    elif typ == "too_short":
+        n = (e.get("ctx") or {}).get("min_length", 1)
+        msg = "must not be empty" if n == 1 else f"must have at least {n} items"
+    else:
+        msg = str(e.get("msg", "invalid request")).removeprefix("Value error, ")
+    return APIError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value")
+
+
+def _check_unicode(obj: Any) -> None:
+    """APIError 400 naming the first string (or key) in the parsed body that holds a lone UTF-16
+    surrogate: Python's json accepts ``"\\ud800"``, but such a string is not text; the tokenizer
+    raises on it and even an error message quoting it cannot be encoded."""
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:  # iterative: the body may nest as deep as json.loads allows
+        x, where = stack.pop()
+        if isinstance(x, str):
+            i = _lone_surrogate(x)
+            if i is not None:
+                raise APIError(400, f"{where or 'body'}: invalid Unicode (lone surrogate U+{ord(x[i]):04X} at "
+                               f"index {i}); send valid UTF-8 text", param=where or None, code="invalid_unicode")
+        elif isinstance(x, dict):
+            for k, v in reversed(list(x.items())):
+                if _lone_surrogate(k) is not None:
+                    raise APIError(400, f"{where or 'body'}: a key holds invalid Unicode (a lone surrogate)",
+                                   param=where or None, code="invalid_unicode")
+                stack.append((v, f"{where}.{k}" if where else k))
+        elif isinstance(x, list):
+            stack.extend((v, f"{where}.{j}") for j, v in reversed(list(enumerate(x))))
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
@@ -146,8 +231,11 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
         obj = json.loads(body) if body else None
     except (ValueError, UnicodeDecodeError):
         raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "the request body nests too deeply", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    _check_unicode(obj)
     try:
         return model.model_validate(obj)
     except ValidationError as e:
@@ -265,6 +353,17 @@ class ServerState:
             if self.on_load_error:
                 self.on_load_error(e)
             return
+        if llm.tokenizer.chat_template:
+            # a template that does not compile fails every chat request (500): say so at startup, but
+            # keep serving, since /v1/completions and the token endpoints still work
+            try:
+                llm.apply_chat_template([{"role": "user", "content": "hi"}])
+            except ChatTemplateError as e:
+                from .engine import log
+
+                log(f"pyminfer: warning: {e}")
+            except Exception:  # noqa: BLE001 - a template refusing this probe message is no defect
+                pass
         self.llm = llm
 
     @property
@@ -380,7 +479,10 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
     async def tokenize(request: Request) -> JSONResponse:
         req = await _parse(request, TokenizeRequest)
         llm = state.require()
-        ids = llm.tokenize(req.content, parse_special=req.parse_special, add_bos=req.add_special or None)
+        try:
+            ids = llm.tokenize(req.content, parse_special=req.parse_special, add_bos=req.add_special or None)
+        except ValueError as e:
+            raise APIError(400, str(e), param="content") from None
         if not req.add_special and llm.tokenizer.add_bos and ids[:1] == [llm.tokenizer.bos_id]:
             ids = llm.tokenize(req.content, parse_special=req.parse_special, add_bos=False)
         if req.with_pieces:
@@ -472,9 +574,11 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         msgs = [m.model_dump(exclude_none=True) for m in req.messages]
         try:
             text = llm.apply_chat_template(msgs, add_generation_prompt=True)
+            ids = llm.tokenize(text, parse_special=True)
+        except ChatTemplateError as e:  # the model's fault, not the request's
+            raise APIError(500, str(e), type="server_error", code="chat_template_error") from None
         except ValueError as e:
-            raise APIError(400, str(e), param="messages") from None
-        ids = llm.tokenize(text, parse_special=True)
+            raise APIError(400, str(e), param=getattr(e, "param", "messages")) from None
         check_prompt(llm, ids)
         params = _params(req)
         n = max_tokens(req, llm, len(ids), None)
@@ -595,7 +699,7 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
     with state.metrics.lock:
         state.metrics.processing += 1
     loop.run_in_executor(state.worker, work)
-    include_usage = bool((req.stream_options or {}).get("include_usage"))
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
 
     def sse(obj: Any) -> bytes:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()

@@ -28,7 +28,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["Tokenizer", "StreamDecoder", "UnsupportedTokenizerError", "read_gguf_tokenizer_metadata"]
+__all__ = ["Tokenizer", "StreamDecoder", "UnsupportedTokenizerError", "read_gguf_tokenizer_metadata", "check_unicode",
+           "InvalidUnicodeError"]
 
 
 class UnsupportedTokenizerError(ValueError, NotImplementedError):
@@ -187,7 +188,7 @@ def _parse_gguf_kv(path: str | os.PathLike[str], wanted_prefixes: tuple[str, ...
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         if mm[:4] != b"GGUF":
-            raise ValueError(f"{os.fspath(path)!r} is not a GGUF file (bad magic {mm[:4]!r})")
+            raise ValueError(f"GGUF magic invalid ({mm[:4]!r})")
         (version,) = unpack_from("<I", mm, 4)
         if version not in (2, 3):
             return None
@@ -195,9 +196,13 @@ def _parse_gguf_kv(path: str | os.PathLike[str], wanted_prefixes: tuple[str, ...
         off = 24
         out: dict[str, Any] = {}
 
+        size = len(mm)
+
         def read_str(o: int) -> tuple[str, int]:
             (ln,) = unpack_from("<Q", mm, o)
             o += 8
+            if o + ln > size:  # a slice would silently come back short
+                raise ValueError(f"a string of {ln} bytes at offset {o} runs past the end of the file ({size} bytes)")
             return mm[o:o + ln].decode("utf-8", errors="replace"), o + ln
 
         for _ in range(n_kv):
@@ -217,6 +222,9 @@ def _parse_gguf_kv(path: str | os.PathLike[str], wanted_prefixes: tuple[str, ...
                         for _i in range(n):
                             (ln,) = unpack_from("<Q", mm, off)
                             off += 8
+                            if off + ln > size:
+                                raise ValueError(f"a string of {ln} bytes at offset {off} runs past the end of "
+                                                 f"the file ({size} bytes)")
                             append(mm[off:off + ln].decode("utf-8", errors="replace"))
                             off += ln
                         val = items
@@ -281,19 +289,60 @@ def read_gguf_tokenizer_metadata(reader_or_path: Any) -> dict[str, Any]:
     """Return the ``tokenizer.*`` and ``general.*`` metadata of a GGUF file as plain Python values.
 
     Accepts a path (parsed with a fast mmap reader) or a ``gguf.GGUFReader``. String arrays become lists of
-    str, numeric arrays numpy arrays, scalars Python scalars.
+    str, numeric arrays numpy arrays, scalars Python scalars. For a path, raises FileNotFoundError, or
+    ``gguf_model.GGUFError`` (a ValueError naming the file) for a file that is not a readable GGUF
+    (bad magic, truncated, corrupt), the same error a model load gives.
     """
     prefixes = ("tokenizer.", "general.")
     if isinstance(reader_or_path, (str, os.PathLike)):
-        meta = _parse_gguf_kv(reader_or_path, prefixes)
-        if meta is not None:
-            return meta
-        import gguf
+        from .gguf_model import GGUFError
 
-        reader_or_path = gguf.GGUFReader(reader_or_path)
+        path = os.fspath(reader_or_path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"model file not found: {path}")
+        try:
+            meta = _parse_gguf_kv(path, prefixes)
+            if meta is None:
+                import gguf
+
+                return _fields_from_reader(gguf.GGUFReader(path), prefixes)
+        except (ValueError, IndexError, OverflowError, struct.error, MemoryError) as e:
+            # bad bytes surface as struct/mmap/numpy errors; report them as run does (GGUFModel)
+            kind = "truncated or corrupt" if isinstance(e, struct.error) else type(e).__name__
+            raise GGUFError(f"{path}: not a valid GGUF file ({kind}: {e})") from e
+        return meta
     if not hasattr(reader_or_path, "fields"):
         raise TypeError(f"expected a path or gguf.GGUFReader, got {type(reader_or_path).__name__}")
     return _fields_from_reader(reader_or_path, prefixes)
+
+
+class InvalidUnicodeError(ValueError):
+    """A string with a lone surrogate. ``index``: its position; ``byte``: the undecodable byte it
+    stands for (surrogateescape's U+DC80..U+DCFF), else None."""
+
+    def __init__(self, message: str, index: int, byte: int | None):
+        super().__init__(message)
+        self.index, self.byte = index, byte
+
+
+def check_unicode(text: str, what: str = "text") -> None:
+    """Raise ValueError when ``text`` has a lone surrogate (U+D800..U+DFFF), which has no UTF-8 form.
+
+    Such strings come from bytes that were not UTF-8, decoded with ``surrogateescape`` (command-line
+    arguments, a POSIX-locale stdin) or from JSON ``\\udXXX`` escapes; the ``tokenizers`` library would
+    fail on them with an unhelpful TypeError. Undecodable bytes (U+DC80..U+DCFF) are named as such.
+    Raises InvalidUnicodeError (a ValueError).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(text[e.start])
+        if 0xDC80 <= c <= 0xDCFF:  # surrogateescape's stand-in for the byte c - 0xDC00
+            raise InvalidUnicodeError(f"{what} is not valid Unicode (lone surrogate at index {e.start}: "
+                                      f"undecodable byte 0x{c - 0xDC00:02x}; is the input UTF-8?)",
+                                      e.start, c - 0xDC00) from None
+        raise InvalidUnicodeError(f"{what} is not valid Unicode (lone surrogate at index {e.start}: U+{c:04X})",
+                                  e.start, None) from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -554,10 +603,12 @@ class Tokenizer:
 
         ``parse_special``: match control tokens (``<|im_start|>`` ...) in the text; user-defined tokens are
         matched either way. ``add_bos`` / ``add_eos``: default to the GGUF's ``add_bos_token`` /
-        ``add_eos_token``.
+        ``add_eos_token``. Raises ValueError for text with a lone surrogate (no UTF-8 form; see
+        :func:`check_unicode`).
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
+        check_unicode(text)
         out: list[int] = []
         if (self.add_bos if add_bos is None else add_bos):
             if self.bos_id is None:

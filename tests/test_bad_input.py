@@ -212,3 +212,213 @@ def test_prompt_from_stdin_equals_prompt_flag(smol_path):
 def test_negative_threads_refused(smol_path):
     with pytest.raises(ValueError, match="n_threads"):
         Model(smol_path, device="cpu", n_ctx=16, n_threads=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# New-user pass: each test below failed before its fix.
+# --------------------------------------------------------------------------------------------------
+
+def _cli(*args: str | bytes, input: bytes | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    """``python -m pyminfer ARGS`` with bytes in and out (arguments may be raw, non-UTF-8 bytes)."""
+    argv = [sys.executable.encode(), b"-m", b"pyminfer"] + [a if isinstance(a, bytes) else a.encode() for a in args]
+    return subprocess.run(argv, input=input, capture_output=True, timeout=timeout)
+
+
+def _one_line_error(out: subprocess.CompletedProcess, match: str) -> str:
+    err = out.stderr.decode("utf-8", "replace")
+    assert out.returncode == 1, err
+    assert "Traceback" not in err and "pyminfer: error: " in err and match in err, err
+    return err
+
+
+@pytest.mark.parametrize("penalty", [1e-40, 1e-45, 1e-46, 1e-300, 5e-324, 1e300, 1.7e308])
+@pytest.mark.parametrize("temperature", [0.0, 0.8, 1e-310])
+def test_extreme_repeat_penalty_samples_without_errors_or_warnings(penalty, temperature):
+    """A tiny penalty once overflowed float32 to inf (inf - inf = nan: IndexError in the sampler,
+    a RuntimeWarning at 1e-45); any finite penalty > 0 now gives a valid, reproducible token."""
+    import warnings
+
+    from pyminfer.sampling import Sampler, apply_repeat_penalty
+
+    logits = (np.random.default_rng(0).standard_normal(1000) * 5).astype(np.float32)
+    window = list(range(0, 100, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pen = apply_repeat_penalty(logits.copy(), window, penalty)
+        assert np.isfinite(pen).all() and pen.dtype == np.float32
+        draws = [Sampler(SamplingParams(temperature=temperature, repeat_penalty=penalty, seed=7)).sample(logits, window)
+                 for _ in range(2)]
+    assert draws[0] == draws[1] and 0 <= draws[0] < logits.size
+    if temperature == 0.0:
+        assert draws[0] == int(np.argmax(pen))  # ties at the clamp: the lowest id, as argmax
+
+
+def test_repeat_penalty_in_range_is_bit_identical_to_float32_arithmetic():
+    """The overflow-safe penalty gives exactly the old float32 results for every in-range penalty
+    (identity tests of greedy decoding with a penalty depend on it)."""
+    from pyminfer.sampling import apply_repeat_penalty
+
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        logits = (rng.standard_normal(64) * rng.choice([1e-3, 1.0, 30.0, 1e30])).astype(np.float32)
+        penalty = float(rng.choice([rng.uniform(0.5, 2.0), 10 ** rng.uniform(-30, 30), 1.1, 1.3]))
+        old = logits.copy()
+        with np.errstate(all="ignore"):
+            old = np.where(old > 0, old / penalty, old * penalty)  # the f32 formula it replaced
+        new = apply_repeat_penalty(logits.copy(), range(64), penalty)
+        ok = np.isfinite(old)  # where the old one overflowed, the new one clamps
+        assert np.array_equal(old[ok].view(np.uint32), new[ok].view(np.uint32))
+
+
+@pytest.mark.parametrize("value", ["inf", "0", "-1", "nan"])
+def test_cli_refuses_bad_repeat_penalty(smol_path, value):
+    out = _cli("run", "-m", str(smol_path), "--device", "cpu", "-p", "hi", "--repeat-penalty", value)
+    err = _one_line_error(out, "repeat_penalty must be finite and > 0")
+    assert "loaded" not in err  # refused before the load
+
+
+def test_encode_refuses_lone_surrogates(smol):
+    with pytest.raises(ValueError, match=r"not valid Unicode \(lone surrogate at index 2: undecodable byte 0xff"):
+        smol.tokenizer.encode("ab\udcffc")
+    with pytest.raises(ValueError, match=r"not valid Unicode \(lone surrogate at index 0: U\+D800\)"):
+        smol.tokenizer.encode("\ud800", parse_special=False)
+
+
+def test_cli_refuses_text_that_is_not_utf8(tmp_path, smol_path):
+    """Not UTF-8 -> an error naming the input (file, stdin, -p, TEXT, --stop, --system, a chat line),
+    not a traceback; valid text from -f reads as before (universal newlines)."""
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9 \xff\xfe")
+    m = ["-m", str(smol_path), "--device", "cpu"]
+    _one_line_error(_cli("run", *m, "-f", str(bad), "-n", "2"), f"{bad} is not valid UTF-8 (byte 0xe9 at offset 3)")
+    _one_line_error(_cli("run", *m, "-f", "-", "-n", "2", input=bad.read_bytes()), "standard input is not valid UTF-8")
+    _one_line_error(_cli("run", *m, "-p", b"hi \xff", "-n", "2"), "-p/--prompt is not valid Unicode")
+    _one_line_error(_cli("run", *m, "-p", "hi", "--stop", b"\xfe"), "--stop is not valid Unicode")
+    _one_line_error(_cli("chat", *m, "--system", b"\xfe", input=b""), "--system is not valid Unicode")
+    _one_line_error(_cli("tokenize", "-m", str(smol_path), b"ab\xff"), "TEXT is not valid Unicode")
+    err = _one_line_error(_cli("chat", *m, "-n", "2", "--temp", "0", input=b"hi\n\xff\xfe\n"),
+                          "a chat line is not valid UTF-8 (byte 0xff)")
+    assert "tok/s" in err  # the good line before it was answered
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes(b"The capital of France is\r\n")
+    a = _cli("run", *m, "-f", str(crlf), "-n", "3", "--temp", "0")
+    b = _cli("run", *m, "-p", "The capital of France is\n", "-n", "3", "--temp", "0")
+    assert a.returncode == 0 and a.stdout == b.stdout
+
+
+@pytest.mark.parametrize("n", ["0", "1"])
+def test_bench_spec_draft_needs_two_tokens(smol_path, n):
+    out = _cli("bench", "-m", str(smol_path), "--device", "cpu", "--spec-draft", str(smol_path), "-n", n, "-r", "1")
+    _one_line_error(out, "-n/--n-gen must be >= 2 with --spec-draft")
+
+
+def _corrupt_ggufs(tmp_path: Path, smol_path: Path) -> list[Path]:
+    cut = _write_truncated(smol_path, tmp_path / "cut.gguf", 100_000)
+    rnd = tmp_path / "random.gguf"
+    rnd.write_bytes(b"GGUF" + np.random.default_rng(0).bytes(5000))
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    return [cut, rnd, empty]
+
+
+def test_tokenizer_of_a_corrupt_gguf_is_a_gguf_error(tmp_path, smol_path):
+    from pyminfer.tokenizer import Tokenizer, read_gguf_tokenizer_metadata
+
+    for p in _corrupt_ggufs(tmp_path, smol_path):
+        with pytest.raises(GGUFError, match=f"{p.name}: not a valid GGUF file"):
+            read_gguf_tokenizer_metadata(p)
+        with pytest.raises(GGUFError, match=f"{p.name}: not a valid GGUF file"):
+            Tokenizer.from_gguf(p)
+
+
+def test_tokenize_and_synth_report_corrupt_ggufs(tmp_path, smol_path):
+    for p in _corrupt_ggufs(tmp_path, smol_path):
+        _one_line_error(_cli("tokenize", "-m", str(p), "hi"), f"{p}: not a valid GGUF file")
+        _one_line_error(_cli("synth", "--shape", "1.5b", "-q", "-o", str(tmp_path / "out.gguf"), "--tokenizer-from",
+                             str(p)), f"{p}: not a valid GGUF file")
+        assert not (tmp_path / "out.gguf").exists()
+
+
+@pytest.mark.parametrize("args,match", [
+    (["run", "-p", "hi", "-c", "2147483648"], "-c/--ctx-size must be in 1..2147483647"),
+    (["run", "-p", "hi", "-c", "0"], "-c/--ctx-size must be in 1..2147483647"),
+    (["bench", "-p", "2147483648", "-n", "0"], "more than the core's 2147483647"),
+    (["bench", "-p", "0", "-n", "2147483640"], "more than the core's 2147483647"),
+    (["chat", "-n", "-5"], "-n/--n-predict must be >= 0"),
+    (["chat", "-c", "99999999999"], "-c/--ctx-size must be in"),
+])
+def test_int_options_refused_before_loading(smol_path, args, match):
+    """Values past the core's C int once ended in OverflowError; chat -n -5 was refused only when
+    the first message was sent. All are refused before the model loads."""
+    out = _cli(args[0], "-m", str(smol_path), "--device", "cpu", *args[1:], input=b"hi\n")
+    err = _one_line_error(out, match)
+    assert "loaded" not in err
+
+
+def test_model_n_ctx_past_int_max(smol_path):
+    with pytest.raises(ValueError, match="n_ctx must be in 1..2147483647"):
+        Model(smol_path, device="cpu", n_ctx=2**31)
+
+
+def test_file_type_is_general_file_type(tmp_path, smol_path):
+    """general.file_type 15 is llama_ftype MOSTLY_Q4_K_M (it was shown as the dominant tensor type,
+    Q5_0 for the Qwen2.5-0.5B Q4_K_M file); llama.cpp's GUESSED bit (1024) is ignored."""
+    assert GGUFModel(smol_path).file_type == "Q4_1"
+    p = _patch_field(smol_path, tmp_path / "ft.gguf", "general.file_type", 15)
+    g = GGUFModel(p)
+    assert g.file_type == "Q4_K_M" and g.dominant_tensor_type == "Q4_1"
+    _patch_field(smol_path, p, "general.file_type", 15 | 1024)
+    assert GGUFModel(p).file_type == "Q4_K_M"
+    _patch_field(smol_path, p, "general.file_type", 999)  # unknown to gguf: the tensors' type
+    assert GGUFModel(p).file_type == "Q4_1"
+    out = _cli("run", "-m", str(p), "--device", "cpu", "-p", "hi", "-n", "1")
+    assert out.returncode == 0 and "(llama, Q4_1, cpu)" in out.stderr.decode()
+    _patch_field(smol_path, p, "general.file_type", 15)
+    out = _cli("run", "-m", str(p), "--device", "cpu", "-p", "hi", "-n", "1")
+    assert out.returncode == 0 and "(llama, Q4_K_M, cpu)" in out.stderr.decode()
+
+
+def test_unknown_model_name_lists_known_names(monkeypatch):
+    from pyminfer import models
+
+    def no_download(*a, **k):
+        raise AssertionError("must not download")
+
+    monkeypatch.setattr(models, "ensure_model", no_download)
+    with pytest.raises(FileNotFoundError, match=r"qwen-typo \(nor is it a known model name: .*smollm2-135m"):
+        models.resolve_model("qwen-typo")
+    if "gemma3-270m" in models.MODELS:
+        with pytest.raises(ValueError, match="architecture 'gemma3', which pyminfer does not run"):
+            models.resolve_model("gemma3-270m")
+    assert "gemma3-270m" not in models.runnable_models()
+    assert all(models.MODELS[n].arch in ("qwen2", "llama") for n in models.runnable_models())
+
+
+@pytest.mark.parametrize("value,match", [
+    (0, "llama.context_length is 0: the trained context length must be >= 1"),
+    (None, "missing metadata key llama.context_length"),
+])
+def test_bad_context_length(tmp_path, smol_path, value, match):
+    """context_length 0 once made the default n_ctx 0 ("n_ctx must be >= 1"); a missing one was
+    silently taken as 4096. Both are refused, as llama.cpp does, naming the key."""
+    if value is None:  # rename the key (same length, the file stays well-formed)
+        p = _patch_bytes(smol_path, tmp_path / "ctx.gguf", b"llama.context_length", b"llama.context_lengtX")
+    else:
+        p = _patch_field(smol_path, tmp_path / "ctx.gguf", "llama.context_length", value)
+    with pytest.raises(GGUFError, match=match):
+        GGUFModel(p)
+    _one_line_error(_cli("run", "-m", str(p), "--device", "cpu", "-p", "hi", "-n", "1"), match)
+
+
+def test_broken_pipe_is_quiet(smol_path):
+    """``pyminfer run ... | head -c 10``: no error message, status 141 (128 + SIGPIPE), like a tool
+    killed by SIGPIPE."""
+    proc = subprocess.Popen([sys.executable, "-m", "pyminfer", "run", "-m", str(smol_path), "--device", "cpu",
+                             "-p", "Tell me a long story", "-n", "400", "--temp", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(1)  # generation has started
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "error" not in err.lower() and "Traceback" not in err and "Exception ignored" not in err

@@ -160,6 +160,23 @@ BAD = [
     ("/tokenize", {"text": "x"}, "content"),
     ("/detokenize", {"tokens": ["a"]}, "tokens"),
     ("/detokenize", {"tokens": [10**9]}, "tokens"),
+    # no lax coercion: pydantic read these as stream=true, max_tokens=1, seed=12, top_k=2, ...
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "stream": 1}, "stream"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2.0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "seed": "12"}, "seed"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "top_k": 2.5}, "top_k"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "temperature": "0.5"}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "echo": "false"}, "echo"),
+    ("/v1/completions", {"prompt": [True, 5], "max_tokens": 1}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "stream": True, "stream_options": {"include_usage": "no"}},
+     "stream_options"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": "yes"},
+     "stream"),
+    ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces"),
+    ("/detokenize", {"tokens": [True]}, "tokens"),
+    ("/detokenize", {"tokens": [5.0]}, "tokens"),
 ]
 
 
@@ -323,3 +340,236 @@ def test_unsupported_openai_fields_are_refused_not_ignored():
                    "logit_bias": {}, "response_format": {"type": "text"}}
         assert c.post("/v1/completions", json={**base, **neutral}).status_code == 200
     state.llm.close()
+
+
+# ---------------------------------------------------------------------------------------------- bad input, in process
+@pytest.fixture(scope="module")
+def local():
+    """An in-process app over one SmolLM2 (TestClient): (client, state)."""
+    from starlette.testclient import TestClient
+
+    from pyminfer import LLM
+    from pyminfer.server import ServerState, create_app
+
+    llm = LLM(str(ensure_model(MODEL, progress=False)), device="cpu", n_ctx=256)
+    state = ServerState(lambda: llm, aliases=[MODEL])
+    with TestClient(create_app(state)) as c:
+        deadline = time.time() + 60
+        while c.get("/health").status_code != 200:
+            assert time.time() < deadline and state.load_error is None
+            time.sleep(0.05)
+        yield c, state
+    llm.close()
+
+
+def _post_raw(c, path: str, raw: str):
+    """POST a JSON text as is (json= would refuse lone surrogates and NaN before sending)."""
+    return c.post(path, content=raw.encode(), headers={"Content-Type": "application/json"})
+
+
+def _error(r, status: int = 400) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+def _chat(c, messages, **kw):
+    return c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1, "temperature": 0, **kw})
+
+
+def test_developer_role_is_system_and_unknown_roles_are_refused(local):
+    """OpenAI's "developer" is rendered as "system" (templates know only the old name: SmolLM2's
+    added its default system prompt and a "developer" turn, Qwen's dropped the turn); any other
+    role the templates do not know is a 400, not a turn silently dropped or mislabeled."""
+    c, state = local
+    dev = [{"role": "developer", "content": "Answer like a pirate."}, {"role": "user", "content": "Hi"}]
+    sys_ = [{"role": "system", "content": "Answer like a pirate."}, {"role": "user", "content": "Hi"}]
+    a, b = _chat(c, dev), _chat(c, sys_)
+    assert a.status_code == 200 and b.status_code == 200, (a.text, b.text)
+    assert a.json()["usage"]["prompt_tokens"] == b.json()["usage"]["prompt_tokens"]
+    assert a.json()["choices"][0]["message"] == b.json()["choices"][0]["message"]
+    llm = state.llm
+    assert llm.apply_chat_template(dev) == llm.apply_chat_template(sys_)
+    for role in ("foo", "User", "function"):
+        err = _error(_chat(c, [{"role": "user", "content": "Hi"}, {"role": role, "content": "x"}]))
+        assert err["param"] == "messages.1.role"
+        assert repr(role) in err["message"] and "system, developer, user, assistant, tool" in err["message"]
+        with pytest.raises(ValueError, match="unknown role"):  # the Python API says the same
+            llm.chat([{"role": role, "content": "x"}], max_tokens=1)
+
+
+SURROGATES = [
+    ("/v1/completions", '{"prompt": "a\\ud800b", "max_tokens": 1}', "prompt"),
+    ("/v1/completions", '{"prompt": ["a\\udfffb"], "max_tokens": 1}', "prompt.0"),
+    ("/v1/completions", '{"prompt": "ab", "max_tokens": 1, "stop": "\\ud800"}', "stop"),
+    ("/v1/completions", '{"prompt": "ab", "max_tokens": 1, "stop": ["x", "\\ud800"]}', "stop.1"),
+    ("/v1/completions", '{"prompt": "ab", "max_tokens": 1, "model": "m\\ud800"}', "model"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a\\ud800"}], "max_tokens": 1}',
+     "messages.0.content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc80"}]}], '
+     '"max_tokens": 1}', "messages.0.content.0.text"),
+    ("/tokenize", '{"content": "a\\ud800"}', "content"),
+]
+
+
+@pytest.mark.parametrize("path,raw,param", SURROGATES, ids=[f"{p}-{k}" for p, _, k in SURROGATES])
+def test_lone_surrogates_are_a_400(local, path, raw, param):
+    """Python's json reads "\\ud800" into a str that is not text: the tokenizer raised (500), a stop
+    string could never match (200, silently), and a 404 quoting the model name failed to encode."""
+    c, _ = local
+    assert "\\ud" in raw  # the JSON escape itself, not a character
+    err = _error(_post_raw(c, path, raw))
+    assert err["param"] == param and err["code"] == "invalid_unicode"
+    assert "invalid Unicode" in err["message"] and "surrogate" in err["message"]
+
+
+def test_lone_surrogates_in_the_python_api(local):
+    _, state = local
+    llm = state.llm
+    with pytest.raises(ValueError, match="surrogate"):
+        llm.tokenize("a\ud800")
+    with pytest.raises(ValueError, match="surrogate"):
+        llm.generate("Hi", max_tokens=1, stop=["\ud800"])
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content.*surrogate"):
+        llm.chat([{"role": "user", "content": "a\udfff"}], max_tokens=1)
+
+
+def test_chat_template_that_does_not_compile(local, monkeypatch):
+    """A GGUF whose template has a syntax error: the server starts and serves completions; chat
+    requests get a 500 that names the template (was: a bare "TemplateSyntaxError: ..." 500)."""
+    from starlette.testclient import TestClient
+
+    from pyminfer.server import ServerState, create_app
+
+    _, shared = local
+    llm = shared.llm
+    monkeypatch.setattr(llm.tokenizer, "chat_template", "{% for m in messages %}{{ m.content }")
+    monkeypatch.setattr(llm.tokenizer, "_compiled_template", None, raising=False)
+    state = ServerState(lambda: llm, aliases=[MODEL])
+    with TestClient(create_app(state)) as c:
+        deadline = time.time() + 30
+        while c.get("/health").status_code != 200:
+            assert time.time() < deadline and state.load_error is None
+            time.sleep(0.05)
+        err = _error(_chat(c, [{"role": "user", "content": "Hi"}]), 500)
+        assert err["code"] == "chat_template_error" and err["type"] == "server_error"
+        assert "chat template" in err["message"] and "unexpected '}'" in err["message"]
+        r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "temperature": 0})
+        assert r.status_code == 200, r.text
+    with pytest.raises(ValueError, match="does not compile"):
+        llm.apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
+def test_chat_template_refusing_the_messages_is_a_400(local, monkeypatch):
+    """The template's raise_exception (e.g. "roles must alternate") and errors while rendering these
+    messages are the request's problem: 400 with the template's words."""
+    c, state = local
+    tok = state.llm.tokenizer
+    monkeypatch.setattr(tok, "chat_template", "{% if messages|length > 1 %}{{ raise_exception('one message only') }}"
+                        "{% endif %}{{ messages[0].content }}")
+    monkeypatch.setattr(tok, "_compiled_template", None, raising=False)
+    assert _chat(c, [{"role": "user", "content": "Hi"}]).status_code == 200
+    err = _error(_chat(c, [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi"}]))
+    assert "one message only" in err["message"] and err["param"] == "messages"
+    # a render error (here: a field these messages lack) is a 400 too, not a 500
+    monkeypatch.setattr(tok, "chat_template", "{{ messages[0].content + messages[0].name }}")
+    monkeypatch.setattr(tok, "_compiled_template", None, raising=False)
+    err = _error(_chat(c, [{"role": "user", "content": "Hi"}]))
+    assert "chat template could not render" in err["message"]
+
+
+BAD_TOOL_CALLS = [
+    ("nope", "messages.1.tool_calls"),
+    ({"function": {"name": "f", "arguments": "{}"}}, "messages.1.tool_calls"),
+    ([5], "messages.1.tool_calls.0"),
+    ([{"type": "function"}], "messages.1.tool_calls.0.function"),
+    ([{"function": "f"}], "messages.1.tool_calls.0.function"),
+    ([{"function": {"arguments": "{}"}}], "messages.1.tool_calls.0.function.name"),
+    ([{"function": {"name": 3, "arguments": "{}"}}], "messages.1.tool_calls.0.function.name"),
+    ([{"function": {"name": "f"}}], "messages.1.tool_calls.0.function.arguments"),
+    ([{"function": {"name": "f", "arguments": 5}}], "messages.1.tool_calls.0.function.arguments"),
+    ([{"function": {"name": "f", "arguments": "not json"}}], "messages.1.tool_calls.0.function.arguments"),
+    ([{"function": {"name": "f", "arguments": "[1]"}}], "messages.1.tool_calls.0.function.arguments"),
+    ([{"type": "retrieval", "function": {"name": "f", "arguments": {}}}], "messages.1.tool_calls.0.type"),
+    ([{"id": 7, "function": {"name": "f", "arguments": {}}}], "messages.1.tool_calls.0.id"),
+]
+
+
+@pytest.mark.parametrize("calls,param", BAD_TOOL_CALLS, ids=[f"{i}{p.split('tool_calls')[1]}"
+                                                               for i, (_, p) in enumerate(BAD_TOOL_CALLS)])
+def test_malformed_tool_calls_are_a_400(local, calls, param):
+    """Templates that render tool calls crashed on these (500), and those that do not render them
+    (SmolLM2's) passed them silently; now a 400 names the field."""
+    c, _ = local
+    msgs = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": calls}]
+    err = _error(_chat(c, msgs))
+    assert err["param"] == param, err
+
+
+def test_tool_calls_reach_the_template_with_object_arguments(local, monkeypatch):
+    """OpenAI sends arguments as JSON text; templates (HF convention) expect an object, and printed
+    a quoted string (Qwen2.5: "arguments": "{\\"city\\": ...}") before."""
+    c, state = local
+    msgs = [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    assert _chat(c, msgs).status_code == 200
+    tok = state.llm.tokenizer
+    monkeypatch.setattr(tok, "chat_template", "{{ messages[1].tool_calls[0].function.arguments | tojson }}")
+    monkeypatch.setattr(tok, "_compiled_template", None, raising=False)
+    assert state.llm.apply_chat_template(msgs) == '{"city": "Paris"}'
+
+
+def test_validation_messages_name_the_field_plainly(local):
+    """Not pydantic's union-member names ('prompt.str') nor its lax coercions."""
+    c, _ = local
+    cases = [
+        ({"prompt": 123}, "prompt", "prompt: must be a string, a list of token ids, or a list of strings"),
+        ({"prompt": [1, "a"]}, "prompt", "prompt: must be a string, a list of token ids, or a list of strings"),
+        ({"prompt": "x", "stop": 5}, "stop", "stop: must be a string or a list of strings"),
+        ({"prompt": "x", "stream": "yes"}, "stream", 'stream: must be true or false, got "yes"'),
+        ({"prompt": "x", "max_tokens": True}, "max_tokens", "max_tokens: must be an integer, got true"),
+        ({"prompt": "x", "max_tokens": 1.5}, "max_tokens", "max_tokens: must be an integer, got 1.5"),
+        ({"prompt": "x", "temperature": True}, "temperature", "temperature: must be a number, got true"),
+        ({"prompt": "x", "max_tokens": -1}, "max_tokens", "max_tokens: must be >= 0"),
+    ]
+    for body, param, msg in cases:
+        err = _error(c.post("/v1/completions", json=body))
+        assert (err["param"], err["message"]) == (param, msg), body
+    err = _error(_chat(c, []))
+    assert (err["param"], err["message"]) == ("messages", "messages: must not be empty")
+    err = _error(_chat(c, [{"role": "user", "content": 5}]))
+    assert err["message"] == "messages.0.content: must be a string or a list of content parts"
+
+
+@pytest.mark.parametrize("raw", ["Infinity", "-Infinity", "NaN"])
+def test_non_finite_numbers_are_a_400(local, raw):
+    """JSON has no NaN/Infinity but Python's json reads them; repeat_penalty=Infinity was served."""
+    c, _ = local
+    for field in ("repeat_penalty", "temperature", "top_p"):
+        err = _error(_post_raw(c, "/v1/completions", f'{{"prompt": "Hi", "max_tokens": 1, "{field}": {raw}}}'))
+        assert err["param"] == field and "finite" in err["message"]
+
+
+def test_tiny_repeat_penalty_is_served(local):
+    """Any finite penalty > 0 is legal (llama.cpp does not range-check it); 1e-40 pushed penalized
+    logits to inf and sampling failed with an IndexError (500), 1e-45 with numpy overflow warnings.
+    Needs the sampling.py clamp (the other half of this fix)."""
+    import warnings
+
+    c, _ = local
+    for rp in (1e-40, 1e-45):
+        with warnings.catch_warnings():  # numpy's overflow warnings (1e-45) become errors, hence 500s
+            warnings.simplefilter("error", RuntimeWarning)
+            r = c.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 4,
+                                                "temperature": 0.7, "seed": 1, "repeat_penalty": rp})
+        assert r.status_code == 200, (rp, r.text)
+        assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_deeply_nested_body_is_a_400(local):
+    c, _ = local
+    err = _error(_post_raw(c, "/v1/completions", '{"prompt": "x", "extra": ' + "[" * 100_000 + "]" * 100_000 + "}"))
+    assert err["code"] == "invalid_json"
