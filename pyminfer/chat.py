@@ -190,7 +190,13 @@ def stats_line(res: GenerationResult | None, n_reused: int, n_prompt: int, n_gen
 
 
 def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: Any = None) -> int:
-    """The read-eval loop: read a line, stream the reply, print the stats line."""
+    """The read-eval loop: read a line, stream the reply, print the stats line.
+
+    A line that is not valid text (bytes that are not UTF-8 reach here as lone surrogates, see
+    ``cli.cmd_chat``) is refused with a message and skipped, and the loop goes on, as a REPL does;
+    the return value is then 1 at the end (so a script piping lines in sees the failure), else 0."""
+    from .tokenizer import InvalidUnicodeError
+
     out = out or sys.stdout
     err = err or sys.stderr
     interactive = sys.stdin.isatty() if stdin is None else False
@@ -200,6 +206,7 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
         except ImportError:
             pass
     print(HELP, file=err, flush=True)
+    refused = 0
     while True:
         try:
             if stdin is None:
@@ -213,7 +220,7 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
         except EOFError:
             out.write("\n")
             out.flush()
-            return 0
+            return 1 if refused else 0
         except KeyboardInterrupt:
             out.write("\n")
             print("(/exit or Ctrl-D to quit)", file=err, flush=True)
@@ -223,7 +230,7 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
         if not cmd:
             continue
         if cmd in ("/exit", "/quit", "/bye"):
-            return 0
+            return 1 if refused else 0
         if cmd == "/clear":
             session.clear()
             print("(conversation cleared)", file=err, flush=True)
@@ -245,6 +252,12 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
                 interrupted = True
             finally:
                 it.close()
+        except InvalidUnicodeError as e:  # raised while building the prompt: the turn never started
+            refused += 1
+            byte = f" (byte 0x{e.byte:02x})" if e.byte is not None else ""
+            print(f"(error: this line is not valid UTF-8{byte}; pyminfer reads UTF-8. Line skipped)", file=err,
+                  flush=True)
+            continue
         except ContextFull as e:
             print(f"\n(error: {e}; /clear to start over)", file=err, flush=True)
             if getattr(session, "_turn", None) is not None:

@@ -254,7 +254,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     bad = "standard input: a chat line is not valid UTF-8"
     try:
         return main_chat(args)
-    except InvalidUnicodeError as e:  # --system was checked above: this is an input line
+    except InvalidUnicodeError as e:  # run_chat skips bad lines itself; a last resort for any other path
         byte = f" (byte 0x{e.byte:02x})" if e.byte is not None else ""
         raise ValueError(f"{bad}{byte}; pyminfer reads UTF-8") from None
     except UnicodeDecodeError as e:  # a stdin that could not be reconfigured
