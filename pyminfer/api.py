@@ -21,6 +21,7 @@ from typing import Any, Iterator, Sequence, Union
 
 from .generate import Chunk, GenerationResult, generate_stream
 from .sampling import SamplingParams
+from .tokenizer import check_unicode
 
 __all__ = ["LLM", "Chunk", "GenerationResult", "Prompt", "ChatTemplateError", "MessageError", "ROLES"]
 
@@ -143,7 +144,7 @@ class LLM:
         its id; ``add_bos``: default is the model's add_bos_token. Raises TypeError for non-str."""
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
-        _check_text(text, "text")
+        check_unicode(text, "text")
         return self.tokenizer.encode(text, parse_special=parse_special, add_bos=add_bos)
 
     def detokenize(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
@@ -252,7 +253,7 @@ class LLM:
             if not all(isinstance(s, str) for s in stops):
                 raise TypeError("stop must be a string or a list of strings")
         for i, s in enumerate(stops):
-            _check_text(s, f"stop[{i}]")
+            check_unicode(s, f"stop[{i}]")
         p = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
                            min_p=float(min_p), repeat_penalty=float(repeat_penalty),
                            repeat_last_n=int(repeat_last_n), seed=seed, stop=stops)
@@ -328,26 +329,6 @@ def _check_ids(ids: Any, n_vocab: int) -> list[int]:
     return out
 
 
-def _lone_surrogate(text: str) -> int | None:
-    """Index of the first lone UTF-16 surrogate in ``text`` (None when there is none). Python's json
-    reads ``"\\ud800"`` into such a string; it is not Unicode text and cannot be encoded or tokenized."""
-    if text.isascii():
-        return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return e.start
-    return None
-
-
-def _check_text(text: str, what: str) -> None:
-    """ValueError naming ``what`` when ``text`` holds a lone surrogate."""
-    i = _lone_surrogate(text)
-    if i is not None:
-        raise ValueError(f"{what}: invalid Unicode (lone surrogate U+{ord(text[i]):04X} at index {i}); "
-                         "send valid UTF-8 text")
-
-
 def _check_tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
     """OpenAI ``tool_calls`` of assistant message ``i``, each function's ``arguments`` as an object:
     OpenAI sends them as JSON text, but templates (HF convention) expect a mapping and would
@@ -410,7 +391,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(c, str):
             raise MessageError(f"messages[{i}].content must be a string", f"messages.{i}.content")
         try:
-            _check_text(c, f"messages[{i}].content")
+            check_unicode(c, f"messages[{i}].content")
         except ValueError as e:
             raise MessageError(str(e), f"messages.{i}.content") from None
         for key in ("name", "tool_call_id"):

@@ -33,9 +33,10 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
 
-from .api import LLM, ChatTemplateError, _lone_surrogate
+from .api import LLM, ChatTemplateError
 from .generate import Chunk, GenerationResult
 from .sampling import SamplingParams
+from .tokenizer import lone_surrogate
 
 MAX_POSITIONS = 7  # speculative draft positions reported in /metrics
 
@@ -210,13 +211,13 @@ def _check_unicode(obj: Any) -> None:
     while stack:  # iterative: the body may nest as deep as json.loads allows
         x, where = stack.pop()
         if isinstance(x, str):
-            i = _lone_surrogate(x)
+            i = lone_surrogate(x)
             if i is not None:
                 raise APIError(400, f"{where or 'body'}: invalid Unicode (lone surrogate U+{ord(x[i]):04X} at "
                                f"index {i}); send valid UTF-8 text", param=where or None, code="invalid_unicode")
         elif isinstance(x, dict):
             for k, v in reversed(list(x.items())):
-                if _lone_surrogate(k) is not None:
+                if lone_surrogate(k) is not None:
                     raise APIError(400, f"{where or 'body'}: a key holds invalid Unicode (a lone surrogate)",
                                    param=where or None, code="invalid_unicode")
                 stack.append((v, f"{where}.{k}" if where else k))

@@ -325,6 +325,18 @@ class InvalidUnicodeError(ValueError):
         self.index, self.byte = index, byte
 
 
+def lone_surrogate(text: str) -> int | None:
+    """Index of the first lone UTF-16 surrogate (U+D800..U+DFFF) in ``text``, None when there is none.
+    Such a string has no UTF-8 form: it is not text, and cannot be tokenized or even printed."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
 def check_unicode(text: str, what: str = "text") -> None:
     """Raise ValueError when ``text`` has a lone surrogate (U+D800..U+DFFF), which has no UTF-8 form.
 
@@ -333,16 +345,14 @@ def check_unicode(text: str, what: str = "text") -> None:
     fail on them with an unhelpful TypeError. Undecodable bytes (U+DC80..U+DCFF) are named as such.
     Raises InvalidUnicodeError (a ValueError).
     """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        c = ord(text[e.start])
-        if 0xDC80 <= c <= 0xDCFF:  # surrogateescape's stand-in for the byte c - 0xDC00
-            raise InvalidUnicodeError(f"{what} is not valid Unicode (lone surrogate at index {e.start}: "
-                                      f"undecodable byte 0x{c - 0xDC00:02x}; is the input UTF-8?)",
-                                      e.start, c - 0xDC00) from None
-        raise InvalidUnicodeError(f"{what} is not valid Unicode (lone surrogate at index {e.start}: U+{c:04X})",
-                                  e.start, None) from None
+    i = lone_surrogate(text)
+    if i is None:
+        return
+    c = ord(text[i])
+    if 0xDC80 <= c <= 0xDCFF:  # surrogateescape's stand-in for the byte c - 0xDC00
+        raise InvalidUnicodeError(f"{what} is not valid Unicode (lone surrogate at index {i}: "
+                                  f"undecodable byte 0x{c - 0xDC00:02x}; is the input UTF-8?)", i, c - 0xDC00)
+    raise InvalidUnicodeError(f"{what} is not valid Unicode (lone surrogate at index {i}: U+{c:04X})", i, None)
 
 
 # ---------------------------------------------------------------------------------------------------------
