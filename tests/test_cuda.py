@@ -380,6 +380,27 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
 
 
+@pytest.mark.parametrize("nt", [1, 4, 9])
+@pytest.mark.parametrize("mix", ["q4_k+q6_k", "q5_0+q8_0", "q4_k+q6_k,rope_kernel"])
+def test_mixed_qkv_launch_bitwise(nt, mix, monkeypatch):
+    """q + k of one type and v of another (layer 0 of these mixes) in one mixed launch (default) give
+    the bits of the two launches (MI_CUDA_QKV_MIXED=0): each block runs its part's block-kernel body.
+    With the fused RoPE epilogue and with the separate rope kernel; nt = 9 as groups of 8 + 1."""
+    types = bg.qwen05_types(SMALL["n_layer"]) if mix.startswith("q5_0") else bg.qwen_types(SMALL["n_layer"])
+    if mix.endswith("rope_kernel"):
+        monkeypatch.setenv("MI_CUDA_ROPE_FUSE", "0")
+    model = small_model(13, types=types)
+    prompt = list(np.random.default_rng(13).integers(0, SMALL["n_vocab"], 10))
+    out = batch_under_env(monkeypatch, "MI_CUDA_QKV_MIXED", ("0", "1"), model, prompt, list(range(7, 7 + nt)))
+    assert np.std(out[0][0]) > 0.1
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+    # and within the usual bound of the CPU (so a wrong mixed launch cannot pass as "equal to itself")
+    cpu = make_ctx(model, 0, n_ctx=64)
+    prefill_chunks(cpu, prompt, SMALL["n_vocab"])
+    lc = run(cpu, list(range(7, 7 + nt)), range(10, 10 + nt), SMALL["n_vocab"])[0]
+    assert nmse(out[1][0], lc) < 2e-2, nmse(out[1][0], lc)  # test_forward_matches_cpu's bound
+
+
 @pytest.mark.parametrize("variant", ["mixed", "stacked", "norm_rope_f16", "n_embd_2560"])
 def test_fused_rope_bitwise_equals_rope_kernel(variant, monkeypatch):
     """RoPE + KV write in the q/k/v mat-vec epilogue (default) gives the bits of the separate rope
@@ -566,7 +587,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
-                                     ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66")])
+                                     ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
+                                     ("MI_CUDA_QKV_MIXED", "2")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -75,6 +75,9 @@ struct mi_cuda_ctx {
     int fuse_quant;
     int no_mmq;            // MI_CUDA_MMQ=0: nt >= 10 loops the 8-row mat-vec instead (A/B, tests)
     int rope_fuse;         // RoPE + KV write in the q/k/v mat-vec epilogue (MI_CUDA_ROPE_FUSE=0: kernel)
+    // q/k/v of two types (q, k stacked + v: half the layers of Qwen2.5 Q4_K_M files) in one mixed
+    // launch (mi_cuda_mmvq_mixed) instead of two; MI_CUDA_QKV_MIXED=0: two (A/B timing, tests).
+    int qkv_mixed;
     // MI_CUDA_SKIP=attn,norm,...: op kinds (mi_skip_names) left out of every forward. Timing only
     // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
     unsigned skip;
@@ -242,15 +245,20 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
             MI_RUNK(MI_P_MM_Q, mm(&L->wv, c->xq, c->xn, E, nt, c->v, KD, L->bv, 0));
         }
         const bool fuse_rope = !gemm && c->rope_fuse;
-        for (int gi = 0; gi < (gemm ? 0 : L->n_qkv); gi++) {
+        // Launch groups of q/k/v: the stacked groups (n_qkv), or one mixed-type launch over all
+        // of them where two groups differ in type only (mi_cuda_mmvq_mixed: same bits, a launch less).
+        const bool mixed = !gemm && c->qkv_mixed && L->n_qkv == 2 && mi_cuda_mmvq_mixed_applies(&L->qkv_w[0], &L->qkv_w[1]);
+        const int n_launch = gemm ? 0 : mixed ? 1 : L->n_qkv;
+        for (int gi = 0; gi < n_launch; gi++) {
             float *const ys[3] = {c->q, c->k, c->v};
             const int64_t lds[3] = {QD, KD, KD};
             const float *const bs[3] = {L->bq, L->bk, L->bv};
             mi_mmvq_out o;
             memset(&o, 0, sizeof o);
             int end = 0;
-            for (int i = 0; i < L->qkv_count[gi]; i++) {
-                const int m = L->qkv_first[gi] + i;
+            const int first = mixed ? 0 : L->qkv_first[gi], count = mixed ? 3 : L->qkv_count[gi];
+            for (int i = 0; i < count; i++) {
+                const int m = first + i;
                 end += (int)lds[m];
                 o.end[i] = end;
                 o.y[i] = ys[m];
@@ -261,7 +269,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                     o.cache[i] = m == 1 ? kc : m == 2 ? vc : nullptr;
                 }
             }
-            o.n_seg = L->qkv_count[gi];
+            o.n_seg = count;
             if (fuse_rope) {
                 o.any_rope = 1;
                 o.hd = HD;
@@ -270,7 +278,10 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                 o.pos = pos;
                 o.rope_cs = c->rope_cs;
             }
-            MI_RUNK(MI_P_MM_Q, mi_cuda_mmvq_seg(&L->qkv_w[gi], nullptr, c->xq, c->xn, E, nt, &o, 0, s));
+            if (mixed)
+                MI_RUNK(MI_P_MM_Q, mi_cuda_mmvq_mixed(&L->qkv_w[0], &L->qkv_w[1], c->xq, E, nt, &o, 0, s));
+            else
+                MI_RUNK(MI_P_MM_Q, mi_cuda_mmvq_seg(&L->qkv_w[gi], nullptr, c->xq, c->xn, E, nt, &o, 0, s));
         }
         if (!fuse_rope)
             MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
@@ -482,6 +493,12 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         free(c);
         return MI_ERR_ARG;
     }
+    const char *xe = getenv("MI_CUDA_QKV_MIXED");
+    if (xe && xe[0] && strcmp(xe, "0") != 0 && strcmp(xe, "1") != 0) {
+        free(c);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_QKV_MIXED=%s: want 0 or 1", xe);
+    }
+    c->qkv_mixed = !(xe && strcmp(xe, "0") == 0);
     const char *re = getenv("MI_CUDA_ROPE_FUSE");
     c->rope_fuse = !(re && strcmp(re, "0") == 0) && mi_cuda_mmvq_can_rope(d->n_embd);
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
@@ -515,6 +532,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     mi_dtensor tmp;
     const char *se = getenv("MI_CUDA_QKV_STACK"); // =0: one launch per q, k, v (A/B timing)
     const bool stack_qkv = !(se && strcmp(se, "0") == 0);
+    c->qkv_mixed = c->qkv_mixed && stack_qkv;
     MI_FAIL(mi_upload(&d->output_norm, c->weights, &off, &tmp));
     c->output_norm = (const float *)tmp.data;
     for (int l = 0; l < d->n_layer; l++) {

@@ -110,3 +110,42 @@ int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a
     o.bias[0] = bias;
     return mi_cuda_mmvq_seg(w, w_up, xq, xf, ldx, nt, &o, accumulate, s);
 }
+
+bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1) {
+    const int mode = mi_mmvq_mode();
+    const int64_t nchunks = w0->n_cols / 32;
+    return mi_mmvq_mixed_pair(w0->type, w1->type) && w0->n_cols == w1->n_cols && (mode == 0 || mode == 3) &&
+           mi_mmvq_warps(mode, nchunks, w0->n_rows) == 0 && mi_mmvq_warps(mode, nchunks, w1->n_rows) == 0 &&
+           w0->n_rows % mi_rows_per_block(nchunks) == 0;
+}
+
+int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_block_q8a *xq, int64_t ldx, int nt,
+                       const mi_mmvq_out *out, int accumulate, cudaStream_t s) {
+    if (!mi_cuda_mmvq_mixed_applies(w0, w1))
+        return mi_set_error(MI_ERR_ARG, "CUDA matmul: no mixed launch for types %d + %d here", w0->type, w1->type);
+    if (out->yq) return mi_set_error(MI_ERR_ARG, "CUDA matmul: a mixed launch has no quantized output");
+    mi_mmvq_args a;
+    a.w0 = w0->data;
+    a.w1 = nullptr;
+    a.row_bytes = w0->row_bytes;
+    a.n_rows = (int)w0->n_rows;
+    a.n_cols = (int)w0->n_cols;
+    a.accumulate = accumulate;
+    a.rpb = mi_rows_per_block(w0->n_cols / 32);
+    a.warp = 0;
+    for (int t0 = 0; t0 < nt; t0 += 8) { // groups of <= 8 rows, as mi_cuda_mmvq_seg
+        const int g = nt - t0 < 8 ? nt - t0 : 8;
+        a.xq = xq + t0 * (ldx / 32);
+        a.xf = nullptr;
+        a.ldx = ldx;
+        a.os = *out;
+        for (int i = 0; i < out->n_seg; i++) a.os.y[i] = out->y[i] + t0 * out->ldy[i];
+        if (out->any_rope) {
+            a.os.pos = out->pos + t0;
+            a.os.rope_cs = out->rope_cs + (int64_t)t0 * out->hd;
+        }
+        const cudaError_t e = mi_mmvq_mixed_launch(w0->type, w1->type, g, a, w1->data, w1->row_bytes, (int)w1->n_rows, s);
+        if (e != cudaSuccess) return mi_set_error(MI_ERR_CUDA, "launch mmvq (mixed): %s", cudaGetErrorString(e));
+    }
+    return MI_OK;
+}

@@ -46,6 +46,16 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                  int nt, float *y, int64_t ldy, const float *bias, int accumulate, cudaStream_t s);
 
+// q/k/v in ONE launch where they come as two groups of different types (mi_mmvq_mixed_kernel):
+// w0 (q and k stacked, say q4_K) then w1 (v, say q6_K), same n_cols; out's segments cover the
+// rows of both in that order; xq [nt][ldx/32] q8a. The same bits as mi_cuda_mmvq_seg over each
+// part (each block runs that part's block-kernel body). Only where
+// mi_cuda_mmvq_mixed_applies: a compiled type pair (mi_mmvq_mixed_pair), and both parts would take
+// the block kernel with whole blocks of w0's rows.
+bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1);
+int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_block_q8a *xq, int64_t ldx, int nt,
+                       const mi_mmvq_out *out, int accumulate, cudaStream_t s);
+
 // One launch's arguments (host side): w0/w1 [n_rows][row_bytes] device weights (w1: SwiGLU up or
 // NULL), xq [nt][ldx/32] q8a or xf [nt][ldx] f32 activations, rpb rows per 128-thread block,
 // warp = warps per row for the warp kernel (0: block kernel).
@@ -60,4 +70,9 @@ struct mi_mmvq_args {
     int accumulate, rpb, warp;
 };
 template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s);
+// Mixed launches (mmvq_mixed.cu): whether the pair (t0, t1) is compiled, and the launch of one group
+// of nt <= 8 rows: a.w0 / a.row_bytes / a.n_rows describe w0, w1 / row_bytes1 / n_rows1 the second part.
+bool mi_mmvq_mixed_pair(int t0, int t1);
+cudaError_t mi_mmvq_mixed_launch(int t0, int t1, int nt, const mi_mmvq_args &a, const uint8_t *w1, int64_t row_bytes1,
+                                 int n_rows1, cudaStream_t s);
 #endif

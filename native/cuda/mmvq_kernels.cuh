@@ -46,17 +46,18 @@ __device__ __forceinline__ int mi_act_row(const mi_mmvq_out &os, int r) {
     return s.base + (l - n) + (n & 1) * (os.hd / 2) + n / 2;
 }
 
-// Before the PDL wait (common.cuh): pull this block's weight rows (virtual r0 .. r0 + n - 1)
-// towards L2 while the previous kernel still runs (weights are constants, so this may precede
-// the wait), then wait for the activations.
+// Before the PDL wait (common.cuh): pull this block's weight rows (virtual r0 .. r0 + n - 1, matrix
+// rows less row_off: see mi_mmvq_block) towards L2 while the previous kernel still runs (weights
+// are constants, so this may precede the wait), then wait for the activations.
 __device__ __forceinline__ void mi_mmvq_prologue(const uint8_t *w0, const uint8_t *w1, int64_t row_bytes, int r0,
-                                                 int n, int n_rows, const mi_mmvq_out &os) {
+                                                 int n, int n_rows, const mi_mmvq_out &os, int row_off = 0) {
     if (n > n_rows - r0) n = n_rows - r0;
     if (n > 0 && !os.any_rope) {
-        mi_prefetch_l2(w0 + (int64_t)r0 * row_bytes, (int64_t)n * row_bytes);
-        if (w1) mi_prefetch_l2(w1 + (int64_t)r0 * row_bytes, (int64_t)n * row_bytes);
+        mi_prefetch_l2(w0 + (int64_t)(r0 - row_off) * row_bytes, (int64_t)n * row_bytes);
+        if (w1) mi_prefetch_l2(w1 + (int64_t)(r0 - row_off) * row_bytes, (int64_t)n * row_bytes);
     } else {
-        for (int k = 0; k < n; k++) mi_prefetch_l2(w0 + (int64_t)mi_act_row(os, r0 + k) * row_bytes, row_bytes);
+        for (int k = 0; k < n; k++)
+            mi_prefetch_l2(w0 + (int64_t)(mi_act_row(os, r0 + k) - row_off) * row_bytes, row_bytes);
     }
     mi_pdl_wait();
     mi_pdl_trigger();
@@ -204,22 +205,27 @@ __device__ __forceinline__ void mi_group_quant(const mi_mmvq_out &os, int r0, in
         mi_quant_chunk_warp(__ldcg(os.y[0] + t * os.ldy[0] + 32 * g + lane), os.yq + t * os.ldq + g, lane);
 }
 
+// The block kernel's body for the block's virtual rows blockIdx.x * rpb + [0, rpb) below n_rows:
+// virtual row r is matrix row mi_act_row(os, r) - row_off of w0 (w1). row_off != 0: the second,
+// differently typed part of a mixed q/k/v launch (mi_mmvq_mixed_kernel), whose rows follow the
+// first part's in the output segments.
 template <int T, int NT, bool GLU>
-__global__ void __launch_bounds__(MI_MMVQ_THREADS)
-    mi_mmvq_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
-                   int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate, int rpb) {
+__device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1,
+                                              int64_t row_bytes, int row_off, int n_rows, int nchunks,
+                                              const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out &os,
+                                              int accumulate, int rpb) {
     __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_THREADS / 32][NT];
     const int tpr = MI_MMVQ_THREADS / rpb;
     const int j = threadIdx.x % tpr;
     const int r = blockIdx.x * rpb + threadIdx.x / tpr;
     const int ra = r < n_rows ? mi_act_row(os, r) : r;
-    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows, os);
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows, os, row_off);
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
     if (r < n_rows) {
-        const uint8_t *row0 = w0 + (int64_t)ra * row_bytes;
-        const uint8_t *row1 = GLU ? w1 + (int64_t)ra * row_bytes : nullptr;
+        const uint8_t *row0 = w0 + (int64_t)(ra - row_off) * row_bytes;
+        const uint8_t *row1 = GLU ? w1 + (int64_t)(ra - row_off) * row_bytes : nullptr;
         // Two chunks per step so their loads are in flight together (order of the sum unchanged).
 #pragma unroll 2
         for (int c = j; c < nchunks; c += tpr) {
@@ -234,6 +240,28 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     else if (j == 0 && r < n_rows)
         mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
+}
+
+template <int T, int NT, bool GLU>
+__global__ void __launch_bounds__(MI_MMVQ_THREADS)
+    mi_mmvq_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
+                   int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate, int rpb) {
+    mi_mmvq_block<T, NT, GLU>(w0, w1, row_bytes, 0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
+}
+
+// Mixed q/k/v launch: virtual rows [0, n_rows0) are rows of w0 (type T0: q and k stacked), rows
+// [n_rows0, n_rows) rows of w1 (type T1: v), in one launch instead of two. n_rows0 is a multiple
+// of rpb, so each block serves one part and runs that part's block-kernel body unchanged: the
+// same bits as the two launches (mi_cuda_mmvq_mixed).
+template <int T0, int T1, int NT>
+__global__ void __launch_bounds__(MI_MMVQ_THREADS)
+    mi_mmvq_mixed_kernel(const uint8_t *__restrict__ w0, int64_t row_bytes0, int n_rows0, const uint8_t *__restrict__ w1,
+                         int64_t row_bytes1, int n_rows, int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb,
+                         const mi_mmvq_out os, int accumulate, int rpb) {
+    if ((int)blockIdx.x * rpb < n_rows0)
+        mi_mmvq_block<T0, NT, false>(w0, nullptr, row_bytes0, 0, n_rows0, nchunks, xq, ldxb, os, accumulate, rpb);
+    else
+        mi_mmvq_block<T1, NT, false>(w1, nullptr, row_bytes1, n_rows0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
 }
 
 // Warp-per-row kernel (MI_CUDA_MMVQ=1 or 2; the block kernel above is the default): each warp owns one row, lane l takes
