@@ -42,12 +42,14 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temp", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="finite, > 0; 1.0: off")
-    p.add_argument("--repeat-last-n", type=int, default=64)
+    # the defaults are llama.cpp's (common/common.h), so the same flags sample the same way
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0: greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=40, help="0: off (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=0.95, help="1.0: off (default: %(default)s)")
+    p.add_argument("--min-p", type=float, default=0.05, help="0.0: off (default: %(default)s)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="finite, > 0; 1.0: off (default: %(default)s)")
+    p.add_argument("--repeat-last-n", type=int, default=64,
+                   help="tokens the penalty looks back over (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (-1 or absent: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
@@ -280,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-f", "--file", default=None,
                    help="read the prompt from a file ('-': standard input); it must be UTF-8: other bytes are "
                         "an error, not replaced")
-    r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
+    r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default: %(default)s)")
     r.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     _add_sampling_args(r)
@@ -296,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="prefill / decode throughput (llama-bench style)")
     _add_model_args(b)
     b.add_argument("-p", "--n-prompt", type=int, default=512)
-    b.add_argument("-n", "--n-gen", type=int, default=128, help="tokens to generate (>= 2 with --spec-draft)")
+    b.add_argument("-n", "--n-gen", type=int, default=128,
+                   help="tokens to generate (>= 2 with --spec-draft; default: %(default)s)")
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("-o", "--output", default="md", choices=["md", "json", "csv"])
     b.add_argument("-d", "--n-depth", "--depth", dest="depth", type=int, default=0,
@@ -309,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(c)
     _add_sampling_args(c)
     _add_spec_args(c)
-    c.add_argument("-n", "--n-predict", type=int, default=1024)
+    c.add_argument("-n", "--n-predict", type=int, default=1024, help="most tokens a reply (default: %(default)s)")
     c.add_argument("--system", default=None, help="system message")
     c.set_defaults(func=cmd_chat)
 
