@@ -221,6 +221,11 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
             out.write("\n")
             out.flush()
             return 1 if refused else 0
+        except UnicodeDecodeError as e:  # a stdin that strict-decodes (cli.cmd_chat could not reconfigure it)
+            refused += 1
+            print(f"(error: this line is not valid UTF-8 (byte 0x{e.object[e.start]:02x}); pyminfer reads UTF-8. "
+                  "Line skipped)", file=err, flush=True)
+            continue
         except KeyboardInterrupt:
             out.write("\n")
             print("(/exit or Ctrl-D to quit)", file=err, flush=True)
@@ -279,7 +284,7 @@ def main_chat(args: Any) -> int:
     """``pyminfer chat``: load the model(s) with the CLI's loader and run the loop."""
     from .cli import _check_common, _load, _params
 
-    _check_common(args)
+    _check_common(args)  # before the (slow) load: -n, -c, --system ...
     _params(args).validate()
     model, draft = _load(args)
     try:

@@ -243,24 +243,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from .chat import main_chat
-    from .tokenizer import InvalidUnicodeError
-
-    _check_common(args)  # before the (slow) load: -n, -c, --system ...
-    _params(args).validate()
 
     reconfigure = getattr(sys.stdin, "reconfigure", None)
     if reconfigure is not None:
         # bad bytes become lone surrogates, refused when that line is tokenized: strict decoding
         # would fail on a whole buffered chunk of piped input, before its good lines are answered
         reconfigure(errors="surrogateescape")
-    bad = "standard input: a chat line is not valid UTF-8"
-    try:
-        return main_chat(args)
-    except InvalidUnicodeError as e:  # run_chat skips bad lines itself; a last resort for any other path
-        byte = f" (byte 0x{e.byte:02x})" if e.byte is not None else ""
-        raise ValueError(f"{bad}{byte}; pyminfer reads UTF-8") from None
-    except UnicodeDecodeError as e:  # a stdin that could not be reconfigured
-        raise ValueError(f"{bad} (byte 0x{e.object[e.start]:02x}); pyminfer reads UTF-8") from None
+    return main_chat(args)  # run_chat refuses and skips a line that is not UTF-8
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

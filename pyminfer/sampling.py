@@ -17,6 +17,7 @@ import numpy as np
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
+
 @dataclass
 class SamplingParams:
     """Sampling settings (llama.cpp's CLI defaults).
