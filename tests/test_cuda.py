@@ -289,7 +289,8 @@ def batch_under_env(monkeypatch, var, values, model, prompt, batch):
 @pytest.mark.parametrize("mix", ["mixed", "q4_k_m"])
 @pytest.mark.parametrize("prompt_len", [7, 13])  # 7: captured graph path; 13 > 8: plain launches
 def test_forward_matches_cpu(prompt_len, mix):
-    # q4_k_m: q+k stacked in one launch on layer 0, q+k+v on layer 1; mixed: no stacking
+    # q4_k_m: q+k stacked + v of another type on layer 0 (one mixed launch), q+k+v stacked on layer 1;
+    # mixed: no stacking
     model = small_model(types=SMALL_TYPES if mix == "mixed" else bg.qwen_types(SMALL["n_layer"]))
     V = SMALL["n_vocab"]
     prompt = list(np.random.default_rng(1).integers(0, V, prompt_len))
@@ -381,12 +382,18 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
 
 
 @pytest.mark.parametrize("nt", [1, 4, 9])
-@pytest.mark.parametrize("mix", ["q4_k+q6_k", "q5_0+q8_0", "q4_k+q6_k,rope_kernel"])
+@pytest.mark.parametrize("mix", ["q4_k+q6_k", "q5_0+q8_0", "q4_k+q6_k,rope_kernel", "q5_k+q6_k,k_with_v"])
 def test_mixed_qkv_launch_bitwise(nt, mix, monkeypatch):
-    """q + k of one type and v of another (layer 0 of these mixes) in one mixed launch (default) give
-    the bits of the two launches (MI_CUDA_QKV_MIXED=0): each block runs its part's block-kernel body.
-    With the fused RoPE epilogue and with the separate rope kernel; nt = 9 as groups of 8 + 1."""
-    types = bg.qwen05_types(SMALL["n_layer"]) if mix.startswith("q5_0") else bg.qwen_types(SMALL["n_layer"])
+    """q/k/v in two groups of different types ({q, k} + {v} in layer 0 of these mixes, or {q} +
+    {k, v}) in one mixed launch (MI_CUDA_QKV_MIXED=1: required, so context creation fails if it
+    cannot run) give the bits of the two launches (=0): each block runs its part's block-kernel
+    body. With the fused RoPE epilogue and with the separate rope kernel; nt = 9 as groups of 8 + 1."""
+    if mix.startswith("q5_0"):
+        types = bg.qwen05_types(SMALL["n_layer"])
+    elif mix.startswith("q5_k"):
+        types = dict(bg.qwen_types(SMALL["n_layer"]), q=bg.Q5_K, k=bg.Q6_K, v=bg.Q6_K)
+    else:
+        types = bg.qwen_types(SMALL["n_layer"])
     if mix.endswith("rope_kernel"):
         monkeypatch.setenv("MI_CUDA_ROPE_FUSE", "0")
     model = small_model(13, types=types)
@@ -399,6 +406,15 @@ def test_mixed_qkv_launch_bitwise(nt, mix, monkeypatch):
     prefill_chunks(cpu, prompt, SMALL["n_vocab"])
     lc = run(cpu, list(range(7, 7 + nt)), range(10, 10 + nt), SMALL["n_vocab"])[0]
     assert nmse(out[1][0], lc) < 2e-2, nmse(out[1][0], lc)  # test_forward_matches_cpu's bound
+
+
+def test_mixed_qkv_required_fails_without_a_compiled_pair(monkeypatch):
+    """MI_CUDA_QKV_MIXED=1 refuses a model whose two q/k/v groups have no compiled pair (q4_0 + q8_0),
+    which is what makes it a proof, in the test above, that the mixed launch ran."""
+    types = dict(bg.qwen_types(SMALL["n_layer"]), q=bg.Q4_0, k=bg.Q4_0, v=bg.Q8_0)
+    monkeypatch.setenv("MI_CUDA_QKV_MIXED", "1")
+    with pytest.raises(core.NativeError, match="MI_CUDA_QKV_MIXED=1: layer 0"):
+        make_ctx(small_model(14, types=types), 1)
 
 
 @pytest.mark.parametrize("variant", ["mixed", "stacked", "norm_rope_f16", "n_embd_2560"])

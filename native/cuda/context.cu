@@ -76,7 +76,9 @@ struct mi_cuda_ctx {
     int no_mmq;            // MI_CUDA_MMQ=0: nt >= 10 loops the 8-row mat-vec instead (A/B, tests)
     int rope_fuse;         // RoPE + KV write in the q/k/v mat-vec epilogue (MI_CUDA_ROPE_FUSE=0: kernel)
     // q/k/v of two types (q, k stacked + v: half the layers of Qwen2.5 Q4_K_M files) in one mixed
-    // launch (mi_cuda_mmvq_mixed) instead of two; MI_CUDA_QKV_MIXED=0: two (A/B timing, tests).
+    // launch (mi_cuda_mmvq_mixed) instead of two where the pair is compiled (1, the default);
+    // MI_CUDA_QKV_MIXED=0: never (0, A/B timing); =1: required (2), context creation fails for a
+    // layer that cannot take it (tests: proves the mixed launch ran).
     int qkv_mixed;
     // MI_CUDA_SKIP=attn,norm,...: op kinds (mi_skip_names) left out of every forward. Timing only
     // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
@@ -245,8 +247,8 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
             MI_RUNK(MI_P_MM_Q, mm(&L->wv, c->xq, c->xn, E, nt, c->v, KD, L->bv, 0));
         }
         const bool fuse_rope = !gemm && c->rope_fuse;
-        // Launch groups of q/k/v: the stacked groups (n_qkv), or one mixed-type launch over all
-        // of them where two groups differ in type only (mi_cuda_mmvq_mixed: same bits, a launch less).
+        // Launch groups of q/k/v: the stacked groups (n_qkv), or one mixed-type launch over both
+        // where there are two groups of different types (mi_cuda_mmvq_mixed: same bits, a launch less).
         const bool mixed = !gemm && c->qkv_mixed && L->n_qkv == 2 && mi_cuda_mmvq_mixed_applies(&L->qkv_w[0], &L->qkv_w[1]);
         const int n_launch = gemm ? 0 : mixed ? 1 : L->n_qkv;
         for (int gi = 0; gi < n_launch; gi++) {
@@ -498,7 +500,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         free(c);
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_QKV_MIXED=%s: want 0 or 1", xe);
     }
-    c->qkv_mixed = !(xe && strcmp(xe, "0") == 0);
+    c->qkv_mixed = xe && strcmp(xe, "0") == 0 ? 0 : xe && strcmp(xe, "1") == 0 ? 2 : 1;
     const char *re = getenv("MI_CUDA_ROPE_FUSE");
     c->rope_fuse = !(re && strcmp(re, "0") == 0) && mi_cuda_mmvq_can_rope(d->n_embd);
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
@@ -532,7 +534,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     mi_dtensor tmp;
     const char *se = getenv("MI_CUDA_QKV_STACK"); // =0: one launch per q, k, v (A/B timing)
     const bool stack_qkv = !(se && strcmp(se, "0") == 0);
-    c->qkv_mixed = c->qkv_mixed && stack_qkv;
+    if (!stack_qkv) c->qkv_mixed = 0;
     MI_FAIL(mi_upload(&d->output_norm, c->weights, &off, &tmp));
     c->output_norm = (const float *)tmp.data;
     for (int l = 0; l < d->n_layer; l++) {
@@ -565,6 +567,12 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
                 G->qkv_w[G->n_qkv++] = *qkv[i];
             }
         }
+    }
+    for (int l = 0; c->qkv_mixed == 2 && l < d->n_layer; l++) { // forced: every two-group layer mixed
+        const mi_cuda_layer *G = &c->layers[l];
+        if (G->n_qkv == 2 && !mi_cuda_mmvq_mixed_applies(&G->qkv_w[0], &G->qkv_w[1]))
+            MI_FAIL(mi_set_error(MI_ERR_ARG, "MI_CUDA_QKV_MIXED=1: layer %d's q/k/v (types %d + %d) have no mixed launch", l,
+                                 G->qkv_w[0].type, G->qkv_w[1].type));
     }
     // Arena: KV cache and scratch, sizes as the struct comments state.
     const int64_t E = d->n_embd, F = d->n_ff, HD = d->head_dim, QD = (int64_t)d->n_head * HD,

@@ -60,6 +60,29 @@ bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
 }
 
+// Run launch(g, a) for each group of g <= 8 activation rows (t0 = 0, 8, ...), a's activations and
+// outputs advanced to the group's first row: a launch streams its weights once for <= 8 rows.
+template <typename F>
+static int mi_mmvq_groups(mi_mmvq_args &a, const mi_block_q8a *xq, const float *xf, int64_t ldx, int nt,
+                          const mi_mmvq_out *out, F launch) {
+    for (int t0 = 0; t0 < nt; t0 += 8) {
+        const int g = nt - t0 < 8 ? nt - t0 : 8;
+        a.xq = xq ? xq + t0 * (ldx / 32) : nullptr;
+        a.xf = xf ? xf + t0 * ldx : nullptr;
+        a.ldx = ldx;
+        a.os = *out;
+        for (int i = 0; i < out->n_seg; i++) a.os.y[i] = out->y[i] + t0 * out->ldy[i];
+        if (out->yq) a.os.yq = out->yq + t0 * out->ldq;
+        if (out->any_rope) {
+            a.os.pos = out->pos + t0;
+            a.os.rope_cs = out->rope_cs + (int64_t)t0 * out->hd;
+        }
+        const int rc = launch(g, a);
+        if (rc) return rc;
+    }
+    return MI_OK;
+}
+
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s) {
     if (w_up && (w_up->type != w->type || w_up->n_rows != w->n_rows || w_up->n_cols != w->n_cols))
@@ -81,22 +104,8 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     const int mode = mi_mmvq_mode();
     if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2 or 3", getenv("MI_CUDA_MMVQ"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows);
-    for (int t0 = 0; t0 < nt; t0 += 8) {
-        const int g = nt - t0 < 8 ? nt - t0 : 8;
-        a.xq = xq ? xq + t0 * (ldx / 32) : nullptr;
-        a.xf = xf ? xf + t0 * ldx : nullptr;
-        a.ldx = ldx;
-        a.os = *out;
-        for (int i = 0; i < out->n_seg; i++) a.os.y[i] = out->y[i] + t0 * out->ldy[i];
-        if (out->yq) a.os.yq = out->yq + t0 * out->ldq;
-        if (out->any_rope) {
-            a.os.pos = out->pos + t0;
-            a.os.rope_cs = out->rope_cs + (int64_t)t0 * out->hd;
-        }
-        int rc = mi_launch_type(w->type, w_up != nullptr, g, a, s);
-        if (rc) return rc;
-    }
-    return MI_OK;
+    return mi_mmvq_groups(a, xq, xf, ldx, nt, out,
+                          [&](int g, const mi_mmvq_args &ga) { return mi_launch_type(w->type, w_up != nullptr, g, ga, s); });
 }
 
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
@@ -124,6 +133,8 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
     if (!mi_cuda_mmvq_mixed_applies(w0, w1))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: no mixed launch for types %d + %d here", w0->type, w1->type);
     if (out->yq) return mi_set_error(MI_ERR_ARG, "CUDA matmul: a mixed launch has no quantized output");
+    if (out->any_rope && (!mi_cuda_mmvq_can_rope(w0->n_cols) || out->hd % 2)) // as mi_cuda_mmvq_seg
+        return mi_set_error(MI_ERR_ARG, "CUDA matmul: fused RoPE needs the block kernel with even rows per block");
     mi_mmvq_args a;
     a.w0 = w0->data;
     a.w1 = nullptr;
@@ -133,19 +144,8 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
     a.accumulate = accumulate;
     a.rpb = mi_rows_per_block(w0->n_cols / 32);
     a.warp = 0;
-    for (int t0 = 0; t0 < nt; t0 += 8) { // groups of <= 8 rows, as mi_cuda_mmvq_seg
-        const int g = nt - t0 < 8 ? nt - t0 : 8;
-        a.xq = xq + t0 * (ldx / 32);
-        a.xf = nullptr;
-        a.ldx = ldx;
-        a.os = *out;
-        for (int i = 0; i < out->n_seg; i++) a.os.y[i] = out->y[i] + t0 * out->ldy[i];
-        if (out->any_rope) {
-            a.os.pos = out->pos + t0;
-            a.os.rope_cs = out->rope_cs + (int64_t)t0 * out->hd;
-        }
-        const cudaError_t e = mi_mmvq_mixed_launch(w0->type, w1->type, g, a, w1->data, w1->row_bytes, (int)w1->n_rows, s);
-        if (e != cudaSuccess) return mi_set_error(MI_ERR_CUDA, "launch mmvq (mixed): %s", cudaGetErrorString(e));
-    }
-    return MI_OK;
+    return mi_mmvq_groups(a, xq, nullptr, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
+        const cudaError_t e = mi_mmvq_mixed_launch(w0->type, w1->type, g, ga, w1->data, w1->row_bytes, (int)w1->n_rows, s);
+        return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (mixed): %s", cudaGetErrorString(e));
+    });
 }

@@ -5,7 +5,7 @@
 // and, for tpr > 32, a fixed-order sum over the row's warps. Per chunk (as cpu/quants.c):
 //   (dw * a.d) * (float)(sc0*dot(q[0:16], a[0:16]) + sc1*dot(q[16:32], a[16:32])) + mw * a.s
 // The kernel templates, included by one generated translation unit per weight type
-// (CMakeLists.txt: mmvq_<type>.cu, so the types compile in parallel).
+// (CMakeLists.txt: mmvq_<type>.cu, so the types compile in parallel) and by mmvq_mixed.cu.
 #ifndef MI_CUDA_MMVQ_KERNELS_CUH
 #define MI_CUDA_MMVQ_KERNELS_CUH
 #include "mmvq.cuh"

@@ -28,15 +28,21 @@ cudaError_t mi_mixed_nt(int nt, const mi_mmvq_args &a, const uint8_t *w1, int64_
 }
 } // namespace
 
+// The compiled pairs (q/k type, v type), one list for both functions below.
+#define MI_MIXED_PAIRS(X) X(Q4_K, Q6_K) X(Q5_0, Q8_0) X(Q5_K, Q6_K)
+
 bool mi_mmvq_mixed_pair(int t0, int t1) {
-    return (t0 == MI_TYPE_Q4_K && t1 == MI_TYPE_Q6_K) || (t0 == MI_TYPE_Q5_0 && t1 == MI_TYPE_Q8_0) ||
-           (t0 == MI_TYPE_Q5_K && t1 == MI_TYPE_Q6_K);
+#define MI_X(A, B) if (t0 == MI_TYPE_##A && t1 == MI_TYPE_##B) return true;
+    MI_MIXED_PAIRS(MI_X)
+#undef MI_X
+    return false;
 }
 
 cudaError_t mi_mmvq_mixed_launch(int t0, int t1, int nt, const mi_mmvq_args &a, const uint8_t *w1, int64_t row_bytes1,
                                  int n_rows1, cudaStream_t s) {
-    if (t0 == MI_TYPE_Q4_K && t1 == MI_TYPE_Q6_K) return mi_mixed_nt<MI_TYPE_Q4_K, MI_TYPE_Q6_K>(nt, a, w1, row_bytes1, n_rows1, s);
-    if (t0 == MI_TYPE_Q5_0 && t1 == MI_TYPE_Q8_0) return mi_mixed_nt<MI_TYPE_Q5_0, MI_TYPE_Q8_0>(nt, a, w1, row_bytes1, n_rows1, s);
-    if (t0 == MI_TYPE_Q5_K && t1 == MI_TYPE_Q6_K) return mi_mixed_nt<MI_TYPE_Q5_K, MI_TYPE_Q6_K>(nt, a, w1, row_bytes1, n_rows1, s);
+#define MI_X(A, B)                                                                                                     \
+    if (t0 == MI_TYPE_##A && t1 == MI_TYPE_##B) return mi_mixed_nt<MI_TYPE_##A, MI_TYPE_##B>(nt, a, w1, row_bytes1, n_rows1, s);
+    MI_MIXED_PAIRS(MI_X)
+#undef MI_X
     return cudaErrorInvalidValue; // mi_cuda_mmvq_mixed_applies keeps other pairs away
 }
