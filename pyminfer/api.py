@@ -15,6 +15,7 @@ generation in the thread that holds an unfinished stream raises RuntimeError.
 from __future__ import annotations
 
 import json
+import numbers
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
@@ -186,7 +187,7 @@ class LLM:
             raise TypeError("prompt must be str or a list of token ids, not bytes")
         return _check_ids(prompt, self.tokenizer.n_vocab)
 
-    def generate(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+    def generate(self, prompt: Prompt, *, max_tokens: int | None = 128, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: int | None = None, stop: str | Sequence[str] | None = None,
                  stream: bool = False) -> GenerationResult | Iterator[Chunk]:
@@ -194,10 +195,15 @@ class LLM:
 
         Args:
             prompt: text (special tokens parsed, BOS added when the model wants it) or token ids.
-            max_tokens: most tokens to generate (>= 0).
+            max_tokens: most tokens to generate (>= 0); None: no limit, generate until an
+                end-of-generation token, a stop string or a full context (stop_reason 'context'),
+                as in llama-cpp-python.
             temperature: <= 0 is greedy (deterministic). top_k (<= 0 off), top_p, min_p,
                 repeat_penalty (1.0 off) over the last repeat_last_n tokens: llama.cpp's samplers.
-            seed: RNG seed (None: random).  stop: a string or strings that end the text (not included).
+                Numbers only: temperature, top_p, min_p and repeat_penalty take an int or a float,
+                top_k, repeat_last_n, max_tokens and seed an int (a bool or a str is a TypeError).
+            seed: RNG seed (None or negative: random).  stop: a string or strings that end the text
+                (not included).
             stream: return an iterator of Chunk (``.text``, ``.token_ids``; the last one has ``.text == ""``
                 and ``.result``) instead of the GenerationResult.
 
@@ -209,13 +215,17 @@ class LLM:
         Raises:
             ValueError: empty prompt, max_tokens < 0, sampling values out of range.
             pyminfer.engine.ContextFull (a ValueError): the prompt does not fit n_ctx.
-            TypeError: a prompt that is neither str nor a list of ints.
+            TypeError: a prompt that is neither str nor a list of ints; an argument of the wrong
+                type (named in the message).
             RuntimeError: the LLM is closed, or this thread is still iterating another stream.
         """
         ids = self.prompt_ids(prompt)
         params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop)
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-            raise TypeError("max_tokens must be an int")
+        if max_tokens is None:
+            # n_ctx is more than fits after any prompt: the generation ends at the latest when
+            # the context is full, with stop_reason 'context'
+            max_tokens = self.n_ctx
+        max_tokens = _integer("max_tokens", max_tokens)
         if max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
         if not ids:
@@ -254,9 +264,12 @@ class LLM:
                 raise TypeError("stop must be a string or a list of strings")
         for i, s in enumerate(stops):
             check_unicode(s, f"stop[{i}]")
-        p = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-                           min_p=float(min_p), repeat_penalty=float(repeat_penalty),
-                           repeat_last_n=int(repeat_last_n), seed=seed, stop=stops)
+        # no float()/int() on the raw values: they read "0" as 0.0, True as 1.0 and 2.5 as 2
+        p = SamplingParams(temperature=_real("temperature", temperature), top_k=_integer("top_k", top_k),
+                           top_p=_real("top_p", top_p), min_p=_real("min_p", min_p),
+                           repeat_penalty=_real("repeat_penalty", repeat_penalty),
+                           repeat_last_n=_integer("repeat_last_n", repeat_last_n),
+                           seed=None if seed is None else _integer("seed", seed), stop=stops)
         p.validate()
         return p
 
@@ -290,6 +303,7 @@ class LLM:
                 setattr(self, attr, None)
 
     def __enter__(self) -> "LLM":
+        self.model  # noqa: B018 - raises RuntimeError when closed, like every other use after close()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -306,6 +320,22 @@ class LLM:
             return "LLM(closed)"
         d = f", draft={self._draft.gguf.path.name!r}" if self._draft is not None else ""
         return f"LLM({self.name!r}, device={self.device!r}, n_ctx={self.n_ctx}{d})"
+
+
+def _real(name: str, v: Any) -> float:
+    """``v`` as a float when it is a real number (int, float, numpy scalar); TypeError naming the
+    argument otherwise, a bool included (True is an int to Python, not a temperature)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    return float(v)
+
+
+def _integer(name: str, v: Any) -> int:
+    """``v`` as an int when it is an integer (numpy's included); TypeError naming the argument
+    otherwise: a bool, and a float even when whole (as the server refuses 2.0 for max_tokens)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    return int(v)
 
 
 def _check_ids(ids: Any, n_vocab: int) -> list[int]:

@@ -1,8 +1,9 @@
 """``pyminfer serve``: an OpenAI-compatible HTTP server (FastAPI + uvicorn).
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions (also without the /v1 prefix),
-GET /v1/models, GET /health (503 while the model loads), POST /tokenize, POST /detokenize
-(llama.cpp server shapes), GET /metrics (Prometheus text format).
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}
+(also without the /v1 prefix); GET or HEAD /health (503 while the model loads); in llama.cpp
+server shapes POST /completion, GET /props, POST /tokenize, POST /detokenize; GET /metrics
+(Prometheus text format). CORS: any origin may call (preflights answered), as llama.cpp's server.
 
 Requests are served one at a time by a single worker thread; each starts from an empty KV cache
 (no prefix reuse across requests), so a response equals the same request served alone. A client
@@ -27,8 +28,9 @@ from typing import Annotated, Any, AsyncIterator, Callable, List, Optional, Unio
 try:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
+    from fastapi.middleware.cors import CORSMiddleware
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-    from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
@@ -39,6 +41,18 @@ from .sampling import SamplingParams
 from .tokenizer import lone_surrogate
 
 MAX_POSITIONS = 7  # speculative draft positions reported in /metrics
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("pyminfer")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (a source checkout on sys.path)
+        return "unknown"
+
+
+_VERSION = _version()
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -76,12 +90,91 @@ class StreamOptions(BaseModel):
     include_usage: Bool = False
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _other_than(neutral: float) -> Callable[[Any], bool]:
+    """"Asks for something" unless null or the number ``neutral``."""
+    return lambda v: v is not None and not (_is_number(v) and v == neutral)
+
+
+def _positive(v: Any) -> bool:
+    """"Asks for something" unless null or a number <= 0 (llama.cpp's "off" for these)."""
+    return v is not None and not (_is_number(v) and v <= 0)
+
+
+def _nonempty(v: Any) -> bool:
+    """"Asks for something" unless null or an empty string, list or object."""
+    return v is not None and not (isinstance(v, (str, list, dict)) and not v)
+
+
+def _true(v: Any) -> bool:
+    return v is not None and v is not False and v != 0
+
+
+def _not_none_or_auto(v: Any) -> bool:
+    # "none" and "auto" without tools (tools themselves are refused) both mean: answer in text
+    return v not in (None, "none", "auto")
+
+
+# Request fields of OpenAI's API or llama.cpp's server that this server does not implement: each with
+# the test "does this value ask for something?" and why it is refused. A request that sets one to
+# anything but its neutral value (the default, which is what this server does anyway) is a 400 naming
+# it: ignoring it would answer a different request than the one sent. Fields that do not change the
+# output (OpenAI's user, metadata, store, service_tier, parallel_tool_calls; llama.cpp's cache_prompt,
+# id_slot, n_keep, and the tuning knobs of the samplers refused here, such as mirostat_tau) are
+# accepted and ignored; other unknown fields are ignored with a warning in the server log.
+_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    # OpenAI
+    "logprobs": (_true, "token log-probabilities are not computed"),
+    "top_logprobs": (_true, "token log-probabilities are not computed"),
+    "echo": (_true, "the prompt is not echoed back"),
+    "best_of": (_other_than(1), "one candidate is generated per request"),
+    "frequency_penalty": (_other_than(0), "for penalties use repeat_penalty"),
+    "presence_penalty": (_other_than(0), "for penalties use repeat_penalty"),
+    "logit_bias": (_nonempty, "logit biases are not applied"),
+    "tools": (_nonempty, "no tool calling"),
+    "tool_choice": (_not_none_or_auto, "no tool calling"),
+    "functions": (_nonempty, "no function calling"),
+    "function_call": (_not_none_or_auto, "no function calling"),
+    "response_format": (lambda v: isinstance(v, dict) and v.get("type", "text") != "text",
+                        "no constrained (JSON) output"),
+    "suffix": (_nonempty, "no fill-in-the-middle: the text after the insertion point would be ignored"),
+    # llama.cpp's server (its defaults are the neutral values)
+    "mirostat": (_other_than(0), "Mirostat sampling is not implemented"),
+    "typical_p": (_other_than(1), "locally typical sampling is not implemented"),
+    "tfs_z": (_other_than(1), "tail-free sampling is not implemented"),
+    "dynatemp_range": (_positive, "dynamic temperature is not implemented"),
+    "top_n_sigma": (_positive, "top-n-sigma sampling is not implemented"),
+    "xtc_probability": (_positive, "XTC sampling is not implemented"),
+    "dry_multiplier": (_positive, "the DRY repetition penalty is not implemented"),
+    "n_probs": (_positive, "token probabilities are not computed"),
+    "grammar": (_nonempty, "no grammar-constrained output"),
+    "json_schema": (_nonempty, "no schema-constrained output"),
+    "ignore_eos": (_true, "generation always stops at an end-of-generation token"),
+    "samplers": (_nonempty, "the sampler chain is fixed (repeat penalty, top_k, top_p, min_p, temperature)"),
+    "chat_template_kwargs": (_nonempty, "no extra variables are passed to the chat template"),
+    "t_max_predict_ms": (_positive, "no time limit on generation; use max_tokens"),
+}
+# Fields known not to change the output: accepted, ignored, and not warned about.
+_IGNORED = frozenset({
+    "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prediction",
+    "cache_prompt", "id_slot", "n_keep", "n_indent", "min_keep", "mirostat_tau", "mirostat_eta",
+    "dynatemp_exponent", "xtc_threshold", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    "dry_sequence_breakers", "timings_per_token", "return_progress",
+})
+
+
 class _GenRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
     max_tokens: Optional[Int] = Field(default=None, ge=0)
     max_completion_tokens: Optional[Int] = Field(default=None, ge=0)
+    # llama.cpp's name for max_tokens (it reads either); -1: no limit (until end of generation or
+    # a full context), as there
+    n_predict: Optional[Int] = Field(default=None, ge=-1)
     temperature: Float = Field(default=0.8, ge=0.0)
     top_p: Float = Field(default=0.95, ge=0.0, le=1.0)
     top_k: Int = 40
@@ -94,29 +187,51 @@ class _GenRequest(BaseModel):
     stream: Bool = False
     stream_options: Optional[StreamOptions] = None
     n: Int = Field(default=1, ge=1, le=1)
-    # OpenAI fields this server does not implement: refused when they ask for something (400),
-    # never silently ignored; their neutral values (false, 0, null, 1) pass.
+    # Unimplemented fields declared for their types (a mistyped value is a 400 that says what the
+    # type is); whether a value asks for something is _UNSUPPORTED's business.
     logprobs: Optional[Union[Bool, Int]] = None
     top_logprobs: Optional[Int] = None
     echo: Bool = False
     best_of: Optional[Int] = None
     frequency_penalty: Float = 0.0
     presence_penalty: Float = 0.0
-    logit_bias: Optional[dict] = None
+    logit_bias: Optional[Union[dict, list]] = None  # llama.cpp also takes [[token, bias], ...]
     tools: Optional[list] = None
     response_format: Optional[dict] = None
 
-    @model_validator(mode="after")
-    def _only_supported(self) -> "_GenRequest":
-        asked = [name for name, on in (
-            ("logprobs", bool(self.logprobs)), ("top_logprobs", bool(self.top_logprobs)), ("echo", self.echo),
-            ("best_of", (self.best_of or 1) > 1), ("frequency_penalty", self.frequency_penalty != 0.0),
-            ("presence_penalty", self.presence_penalty != 0.0), ("logit_bias", bool(self.logit_bias)),
-            ("tools", bool(self.tools)),
-            ("response_format", (self.response_format or {}).get("type", "text") != "text")) if on]
+    def check(self) -> None:
+        """The checks pydantic's field types cannot express; APIError 400."""
+        fields = type(self).model_fields
+        extra = self.model_extra or {}
+        asked = [(name, why) for name, (asks, why) in _UNSUPPORTED.items()
+                 if asks(getattr(self, name) if name in fields else extra.get(name))]
         if asked:
-            raise ValueError(f"not supported by this server: {', '.join(asked)} (for penalties use repeat_penalty)")
-        return self
+            raise APIError(400, "not supported by this server: " + "; ".join(f"{n} ({why})" for n, why in asked),
+                           param=asked[0][0], code="unsupported_parameter")
+        unknown = sorted(k for k in extra if k not in _UNSUPPORTED and k not in _IGNORED)
+        if unknown:  # most likely a misspelt field: say so where the operator looks
+            logging.getLogger("uvicorn.error").warning("pyminfer: ignoring unknown request fields: %s",
+                                                       ", ".join(unknown))
+        given = {k: getattr(self, k) for k in ("max_tokens", "max_completion_tokens", "n_predict")
+                 if getattr(self, k) is not None}
+        if len({_no_limit_as_none(v) for v in given.values()}) > 1:
+            said = ", ".join(f"{k}={v}" for k, v in given.items())
+            raise APIError(400, f"{said} disagree: give one (n_predict is llama.cpp's name for max_tokens; "
+                           "-1 means no limit)", param="n_predict" if "n_predict" in given else "max_tokens",
+                           code="invalid_value")
+
+    def token_limit(self) -> tuple[bool, int | None]:
+        """(given?, the most tokens to generate, None for no limit) from max_tokens,
+        max_completion_tokens or n_predict (check() has made sure they agree)."""
+        for k in ("max_tokens", "max_completion_tokens", "n_predict"):
+            v = getattr(self, k)
+            if v is not None:
+                return True, _no_limit_as_none(v)
+        return False, None
+
+
+def _no_limit_as_none(n: int) -> int | None:
+    return None if n < 0 else n
 
 
 class CompletionRequest(_GenRequest):
@@ -132,6 +247,17 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_GenRequest):
     messages: List[ChatMessage] = Field(min_length=1)
+
+    def check(self) -> None:
+        super().check()
+        for i, m in enumerate(self.messages):
+            # OpenAI: content is required, except in an assistant turn that carries tool calls;
+            # a null user turn was rendered as an empty one, answering a question nobody asked
+            calls = (m.model_extra or {}).get("tool_calls")
+            if m.content is None and not (m.role == "assistant" and calls not in (None, [])):
+                raise APIError(400, f"messages.{i}.content: must be a string or a list of content parts (null only "
+                               "in an assistant message with tool_calls)", param=f"messages.{i}.content",
+                               code="invalid_value")
 
 
 class TokenizeRequest(BaseModel):
@@ -155,6 +281,7 @@ _UNION_KINDS = {
     "stop": "a string or a list of strings",
     "content": "a string or a list of content parts",
     "logprobs": "a boolean or an integer",
+    "logit_bias": "an object or a list of [token, bias] pairs",
 }
 # pydantic error type -> what the value must be
 _TYPE_KINDS = {
@@ -238,9 +365,12 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     _check_unicode(obj)
     try:
-        return model.model_validate(obj)
+        req = model.model_validate(obj)
     except ValidationError as e:
         raise _validation_api_error(e.errors()) from None
+    if isinstance(req, _GenRequest):
+        req.check()
+    return req
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -409,9 +539,13 @@ def _usage(n_prompt: int, n_gen: int) -> dict[str, int]:
 
 def _timings(res: GenerationResult) -> dict[str, Any]:
     t = res.timings
-    out = {"prompt_n": int(t.get("prefill_tokens", 0)), "prompt_ms": 1000 * t.get("prefill_s", 0.0),
-           "prompt_per_second": t.get("prefill_tok_s", 0.0), "predicted_n": len(res.generated_ids),
-           "predicted_ms": 1000 * t.get("decode_s", 0.0), "predicted_per_second": t.get("decode_tok_s", 0.0)}
+    prompt_n, prompt_ms = int(t.get("prefill_tokens", 0)), 1000 * t.get("prefill_s", 0.0)
+    predicted_n, predicted_ms = len(res.generated_ids), 1000 * t.get("decode_s", 0.0)
+    out = {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
+           "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+           "prompt_per_second": t.get("prefill_tok_s", 0.0), "predicted_n": predicted_n,
+           "predicted_ms": predicted_ms, "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+           "predicted_per_second": t.get("decode_tok_s", 0.0)}
     if res.spec:
         out["draft_n"] = res.spec.get("drafted", 0)
         out["draft_n_accepted"] = res.spec.get("accepted", 0)
@@ -433,6 +567,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
     app = FastAPI(title="pyminfer", lifespan=lifespan)
     app.state.pyminfer = state
     app.add_middleware(_CatchAll, state=state)
+    # Any origin may call, as llama.cpp's server allows: browser front ends served from elsewhere
+    # need the preflight answered. Added last, so outermost: error responses carry the headers too.
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -454,7 +591,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
     # Unhandled exceptions: _CatchAll (500 JSON, the connection kept), not an Exception handler.
 
     # ------------------------------------------------------------------ info
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime probes' check
     async def health() -> JSONResponse:
         if state.llm is None:
             if state.load_error:
@@ -462,14 +599,46 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             return JSONResponse({"status": "loading model"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    def model_card(llm: LLM, model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": state.created, "owned_by": "pyminfer",
+                "meta": {"file": llm.name, "n_ctx": llm.n_ctx, "n_vocab": llm.tokenizer.n_vocab, "device": llm.device,
+                         "draft": llm.draft.gguf.path.name if llm.draft is not None else None}}
+
     @app.get("/v1/models")
     @app.get("/models")
     async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [model_card(state.require(), state.model_id)]})
+
+    @app.get("/v1/models/{model_id:path}")  # :path: the model's file path is one of its names
+    @app.get("/models/{model_id:path}")
+    async def model(model_id: str) -> JSONResponse:
+        """OpenAI's "retrieve model": any name this server answers to (aliases, file name, path)."""
         llm = state.require()
-        return JSONResponse({"object": "list", "data": [{
-            "id": state.model_id, "object": "model", "created": state.created, "owned_by": "pyminfer",
-            "meta": {"file": llm.name, "n_ctx": llm.n_ctx, "n_vocab": llm.tokenizer.n_vocab, "device": llm.device,
-                     "draft": llm.draft.gguf.path.name if llm.draft is not None else None}}]})
+        if model_id not in state.names():
+            raise APIError(404, f"The model '{model_id}' does not exist (this server serves '{state.model_id}')",
+                           param="model", code="model_not_found")
+        return JSONResponse(model_card(llm, model_id))
+
+    @app.get("/props")
+    async def props() -> JSONResponse:
+        """llama.cpp's server properties, the fields its clients read."""
+        llm = state.require()
+        defaults = {k: _GenRequest.model_fields[k].default
+                    for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n")}
+        with state.metrics.lock:
+            busy = state.metrics.processing > 0
+        return JSONResponse({
+            "default_generation_settings": {
+                "id": 0, "n_ctx": llm.n_ctx, "speculative": llm.draft is not None, "is_processing": busy,
+                # n_predict -1: until end of generation or a full context (/completion's default);
+                # seed -1: random
+                "params": {"n_predict": -1, "seed": -1, **defaults, "stop": [], "stream": False}},
+            "total_slots": 1,
+            "model_path": str(llm.model_path),
+            "chat_template": llm.tokenizer.chat_template or "",
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"pyminfer {_VERSION}",
+        })
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -487,8 +656,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         if not req.add_special and llm.tokenizer.add_bos and ids[:1] == [llm.tokenizer.bos_id]:
             ids = llm.tokenize(req.content, parse_special=req.parse_special, add_bos=False)
         if req.with_pieces:
-            tok = llm.tokenizer
-            return JSONResponse({"tokens": [{"id": i, "piece": tok.decode([i])} for i in ids]})
+            return JSONResponse({"tokens": [{"id": i, "piece": _piece(llm.tokenizer.token_to_piece(i))} for i in ids]})
         return JSONResponse({"tokens": ids})
 
     @app.post("/detokenize")
@@ -517,17 +685,14 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                            code="context_length_exceeded")
 
     def max_tokens(req: _GenRequest, llm: LLM, n_prompt: int, default: int | None) -> int:
-        m = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
-        if m is None:
-            m = default if default is not None else llm.n_ctx - n_prompt
-        return int(m)
+        """The request's token limit (max_tokens / n_predict), else ``default``; None means until
+        end of generation or a full context."""
+        given, m = req.token_limit()
+        if not given:
+            m = default
+        return llm.n_ctx - n_prompt if m is None else m
 
-    @app.post("/v1/completions")
-    @app.post("/completions")
-    async def completions(request: Request) -> Any:
-        req = await _parse(request, CompletionRequest)
-        state.metrics.count_request("completions")
-        llm = check_model(req)
+    def completion_prompt(req: CompletionRequest, llm: LLM) -> list[int]:
         p = req.prompt
         if isinstance(p, list) and p and isinstance(p[0], str):
             if len(p) != 1:
@@ -538,6 +703,15 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         except (TypeError, ValueError) as e:
             raise APIError(400, str(e), param="prompt") from None
         check_prompt(llm, ids)
+        return ids
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions(request: Request) -> Any:
+        req = await _parse(request, CompletionRequest)
+        state.metrics.count_request("completions")
+        llm = check_model(req)
+        ids = completion_prompt(req, llm)
         params = _params(req)
         n = max_tokens(req, llm, len(ids), 16)
         cid = f"cmpl-{uuid.uuid4().hex}"
@@ -559,7 +733,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                 d["timings"] = _timings(res)
                 return d
 
-            return _sse(state, request, llm, ids, params, n, first, delta, final, req, piece)
+            return _sse(state, request, llm, ids, params, n, first, delta, final,
+                        usage_piece=piece if _include_usage(req) else None)
         res = await _run(state, request, llm, ids, params, n)
         out = piece(res.text, res.finish_reason)
         out["usage"] = _usage(len(ids), len(res.generated_ids))
@@ -606,7 +781,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                 return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
                         "model": state.model_id, "choices": []}
 
-            return _sse(state, request, llm, ids, params, n, first, delta, final, req, usage_only)
+            return _sse(state, request, llm, ids, params, n, first, delta, final,
+                        usage_piece=usage_only if _include_usage(req) else None)
         res = await _run(state, request, llm, ids, params, n)
         out = {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
                "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,
@@ -614,7 +790,59 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                "usage": _usage(len(ids), len(res.generated_ids)), "timings": _timings(res)}
         return JSONResponse(out)
 
+    @app.post("/completion")
+    async def completion(request: Request) -> Any:
+        """llama.cpp's native completion endpoint: the same request fields and generation as
+        /v1/completions, llama.cpp's response shape, and no token limit unless n_predict (or
+        max_tokens) sets one."""
+        req = await _parse(request, CompletionRequest)
+        state.metrics.count_request("completion")
+        llm = check_model(req)
+        ids = completion_prompt(req, llm)
+        params = _params(req)
+        n = max_tokens(req, llm, len(ids), None)
+
+        def final(res: GenerationResult, content: str) -> dict[str, Any]:
+            word = _stopping_word(llm, res, params.stop)
+            return {"content": content, "id_slot": 0, "stop": True, "model": state.model_id,
+                    "tokens_predicted": len(res.generated_ids), "tokens_evaluated": len(ids), "tokens_cached": 0,
+                    "truncated": False, "stop_type": _STOP_TYPES[res.stop_reason], "stopping_word": word,
+                    "timings": _timings(res)}
+
+        if req.stream:  # llama.cpp's stream: one object per piece, the last with stop true; no [DONE]
+            return _sse(state, request, llm, ids, params, n, lambda: [],
+                        lambda text: {"content": text, "stop": False, "id_slot": 0},
+                        lambda res: final(res, ""), done_marker=False)
+        res = await _run(state, request, llm, ids, params, n)
+        return JSONResponse(final(res, res.text))
+
     return app
+
+
+# llama.cpp's stop_type for each GenerationResult.stop_reason
+_STOP_TYPES = {"eos": "eos", "stop_string": "word", "max_tokens": "limit", "context": "limit"}
+
+
+def _stopping_word(llm: LLM, res: GenerationResult, stops: list[str]) -> str:
+    """The stop string that ended ``res`` ("" when none did): the one that begins where the text
+    ends, in the generated ids' full decode (the text stops just before it)."""
+    if res.stop_reason != "stop_string":
+        return ""
+    rest = llm.tokenizer.decode(res.generated_ids, skip_special=True)[len(res.text):]
+    return min((s for s in stops if s and rest.startswith(s)), default="")
+
+
+def _piece(b: bytes) -> str | list[int]:
+    """A token's piece as llama.cpp's /tokenize gives it: its text when its bytes are valid UTF-8,
+    else the list of its byte values (part of a character split over tokens, e.g. an emoji)."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
+
+
+def _include_usage(req: _GenRequest) -> bool:
+    return req.stream_options is not None and req.stream_options.include_usage
 
 
 # ---------------------------------------------------------------------------------------------- running jobs
@@ -676,10 +904,12 @@ async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], p
 
 def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams, n: int,
          first: Callable[[], list[dict[str, Any]]], delta: Callable[[str], dict[str, Any]],
-         final: Callable[[GenerationResult], dict[str, Any]], req: _GenRequest,
-         usage_piece: Callable[..., dict[str, Any]]) -> StreamingResponse:
-    """A streaming generation as server-sent events: ``data: {json}`` chunks then ``data: [DONE]``.
-    The generation stops at the next token when the client disconnects."""
+         final: Callable[[GenerationResult], dict[str, Any]], *,
+         usage_piece: Callable[..., dict[str, Any]] | None = None, done_marker: bool = True) -> StreamingResponse:
+    """A streaming generation as server-sent events: ``data: {json}`` chunks (``first()``, then
+    ``delta(text)`` per piece, then ``final(result)``, then a usage-only chunk from ``usage_piece``
+    when given), then ``data: [DONE]`` unless ``done_marker`` is false (llama.cpp's /completion
+    has none). The generation stops at the next token when the client disconnects."""
     loop = asyncio.get_running_loop()
     cancel = threading.Event()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -700,7 +930,6 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
     with state.metrics.lock:
         state.metrics.processing += 1
     loop.run_in_executor(state.worker, work)
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
 
     def sse(obj: Any) -> bytes:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
@@ -719,18 +948,20 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
                         return
                     fin = final(val)
                     yield sse(fin)
-                    if include_usage:
+                    if usage_piece is not None:
                         u = usage_piece("", None)
                         u["choices"] = []
                         u["usage"] = fin["usage"]
                         yield sse(u)
-                    yield b"data: [DONE]\n\n"
+                    if done_marker:
+                        yield b"data: [DONE]\n\n"
                     return
                 else:
                     err = val if isinstance(val, APIError) else APIError(500, f"{type(val).__name__}: {val}",
                                                                          type="server_error")
                     yield sse(err.body())
-                    yield b"data: [DONE]\n\n"
+                    if done_marker:
+                        yield b"data: [DONE]\n\n"
                     return
         finally:
             cancel.set()  # a disconnect (or any early exit) stops the generation at the next token

@@ -120,6 +120,44 @@ def test_close_and_context_manager():
     with pytest.raises(RuntimeError):
         m.generate("Hi", max_tokens=1)
     m.close()  # idempotent
+    # entering a closed LLM is a use after close too (it used to succeed and fail later)
+    with pytest.raises(RuntimeError, match="closed"):
+        with m:
+            pass
+
+
+@pytest.mark.parametrize("kw,name", [
+    ({"temperature": "0"}, "temperature"), ({"temperature": True}, "temperature"), ({"top_p": "0.9"}, "top_p"),
+    ({"min_p": None}, "min_p"), ({"repeat_penalty": False}, "repeat_penalty"), ({"top_k": 2.5}, "top_k"),
+    ({"top_k": True}, "top_k"), ({"repeat_last_n": "64"}, "repeat_last_n"), ({"seed": 1.0}, "seed"),
+    ({"seed": True}, "seed"), ({"max_tokens": 5.0}, "max_tokens"), ({"max_tokens": True}, "max_tokens"),
+])
+def test_argument_types_are_numbers_only(llm, kw, name):
+    """float() and int() read "0" as 0.0, True as 1.0 and 2.5 as 2: a mistyped argument became a
+    different request; now a TypeError naming the argument."""
+    with pytest.raises(TypeError, match=f"^{name} must be"):
+        llm.generate(PROMPT, **{"max_tokens": 1, **kw})
+
+
+def test_numbers_of_any_numeric_type_are_accepted(llm):
+    import numpy as np
+
+    a = llm.generate(PROMPT, max_tokens=3, temperature=0)
+    b = llm.generate(PROMPT, max_tokens=np.int64(3), temperature=np.float32(0), top_p=1, top_k=np.int32(40),
+                     repeat_penalty=1, seed=np.int64(5))
+    assert b.generated_ids == a.generated_ids
+
+
+def test_max_tokens_none_runs_to_the_end_of_the_context():
+    """None: no limit (llama-cpp-python's meaning); the generation ends at an end-of-generation
+    token or when the context is full. repeat_penalty keeps SmolLM2 from stopping early."""
+    with LLM("smollm2-135m", device="cpu", n_ctx=48) as m:
+        prompt = m.tokenize("Once upon a time")
+        r = m.generate(prompt, max_tokens=None, temperature=0, repeat_penalty=1.3)
+        assert r.stop_reason in ("eos", "context"), r.stop_reason
+        if r.stop_reason == "context":
+            assert r.finish_reason == "length" and len(prompt) + len(r.generated_ids) >= 48
+        assert len(r.generated_ids) > 16  # more than any small default would give
 
 
 def test_unknown_model():

@@ -573,3 +573,175 @@ def test_deeply_nested_body_is_a_400(local):
     c, _ = local
     err = _error(_post_raw(c, "/v1/completions", '{"prompt": "x", "extra": ' + "[" * 100_000 + "]" * 100_000 + "}"))
     assert err["code"] == "invalid_json"
+
+
+# ------------------------------------------------------------------------------- llama.cpp fields and endpoints
+def _sse_events(r) -> list[str]:
+    return [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+
+
+def test_n_predict_is_max_tokens(local):
+    """llama.cpp's n_predict was accepted and ignored (16 tokens came back for n_predict 3)."""
+    c, _ = local
+    body = {"prompt": "Once upon a time", "temperature": 0}
+    r = c.post("/v1/completions", json={**body, "n_predict": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+    assert c.post("/v1/completions", json={**body, "n_predict": 3, "max_tokens": 3}).status_code == 200
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Tell me a story."}],
+                                             "temperature": 0, "n_predict": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+    for other in ({"max_tokens": 4}, {"max_completion_tokens": 4}, {"max_tokens": 3, "n_predict": -1}):
+        err = _error(c.post("/v1/completions", json={**body, "n_predict": 3, **other}))
+        assert err["param"] == "n_predict" and "disagree" in err["message"], err
+    err = _error(c.post("/v1/completions", json={**body, "n_predict": -2}))
+    assert err["param"] == "n_predict"
+
+
+# (field, a value that asks for something the server does not do)
+UNIMPLEMENTED = [
+    ("mirostat", 2), ("typical_p", 0.5), ("tfs_z", 0.9), ("grammar", "root ::= \"yes\""),
+    ("json_schema", {"type": "object"}), ("ignore_eos", True), ("suffix", "return x"), ("n_probs", 3),
+    ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("logit_bias", [[15043, 1.0]]),
+    ("logit_bias", {"15043": -100}), ("dynatemp_range", 0.5), ("top_n_sigma", 1.0), ("samplers", ["top_k"]),
+    ("chat_template_kwargs", {"enable_thinking": False}), ("t_max_predict_ms", 100),
+    ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+    ("functions", [{"name": "f"}]), ("function_call", "auto_x"), ("response_format", {"type": "json_object"}),
+    ("logprobs", True), ("top_logprobs", 2), ("echo", True), ("best_of", 2),
+]
+
+
+@pytest.mark.parametrize("field,value", UNIMPLEMENTED, ids=[f"{f}-{i}" for i, (f, _) in enumerate(UNIMPLEMENTED)])
+def test_unimplemented_fields_are_refused(local, field, value):
+    """llama.cpp's and OpenAI's fields that change the output were accepted and ignored: now a 400
+    naming the field, without the repeat_penalty hint that only fits the OpenAI penalties."""
+    c, _ = local
+    for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                       ("/completion", {"prompt": "Hi"})):
+        err = _error(c.post(path, json={**body, "max_tokens": 1, field: value}))
+        assert err["param"] == field and err["code"] == "unsupported_parameter", err
+        assert field in err["message"] and "repeat_penalty" not in err["message"], err
+
+
+def test_penalty_hint_only_for_openai_penalties(local):
+    c, _ = local
+    for field in ("frequency_penalty", "presence_penalty"):
+        err = _error(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, field: 0.5}))
+        assert err["param"] == field and "use repeat_penalty" in err["message"]
+    err = _error(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "logprobs": 1}))
+    assert "repeat_penalty" not in err["message"] and "log-probabilities" in err["message"]
+
+
+def test_neutral_and_harmless_fields_are_accepted(local):
+    """The defaults of the refused fields, and fields that do not change the output, still pass,
+    and the answer is the plain one."""
+    c, _ = local
+    base = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    plain = c.post("/v1/completions", json=base).json()["choices"][0]["text"]
+    neutral = {"mirostat": 0, "mirostat_tau": 5.0, "typical_p": 1.0, "tfs_z": 1, "grammar": "", "json_schema": {},
+               "ignore_eos": False, "suffix": "", "n_probs": 0, "dry_multiplier": 0.0, "xtc_probability": 0,
+               "logit_bias": [], "tool_choice": "none", "function_call": None, "samplers": [], "top_n_sigma": -1,
+               "user": "u1", "metadata": {"a": "b"}, "store": False, "service_tier": "auto",
+               "parallel_tool_calls": True, "cache_prompt": True, "id_slot": -1, "n_keep": 0}
+    r = c.post("/v1/completions", json={**base, **neutral})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == plain
+
+
+def test_retrieve_model_head_health_and_cors(local):
+    c, state = local
+    for name in (MODEL, state.llm.name):
+        r = c.get(f"/v1/models/{name}")
+        assert r.status_code == 200, r.text
+        assert r.json()["id"] == name and r.json()["object"] == "model"
+    assert c.get(f"/models/{MODEL}").status_code == 200
+    err = _error(c.get("/v1/models/gpt-4"), 404)
+    assert err["code"] == "model_not_found" and "gpt-4" in err["message"]
+    r = c.head("/health")
+    assert r.status_code == 200 and r.content == b""
+    # a browser's preflight, then its request: both answered for any origin
+    r = c.options("/v1/chat/completions", headers={"Origin": "http://localhost:3000",
+                                                   "Access-Control-Request-Method": "POST",
+                                                   "Access-Control-Request-Headers": "content-type,authorization"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] in ("*", "http://localhost:3000")
+    assert "POST" in r.headers["access-control-allow-methods"]
+    r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, headers={"Origin": "http://x.test"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    r = c.post("/v1/completions", json={"prompt": 5}, headers={"Origin": "http://x.test"})  # errors too
+    assert r.status_code == 400 and r.headers["access-control-allow-origin"] == "*"
+
+
+def test_props(local):
+    c, state = local
+    p = c.get("/props").json()
+    s = p["default_generation_settings"]
+    assert s["n_ctx"] == state.llm.n_ctx == 256
+    assert s["params"]["temperature"] == 0.8 and s["params"]["top_k"] == 40 and s["params"]["top_p"] == 0.95
+    assert s["params"]["min_p"] == 0.05 and s["params"]["repeat_penalty"] == 1.0 and s["params"]["n_predict"] == -1
+    assert p["total_slots"] == 1 and p["model_path"] == str(state.llm.model_path)
+    assert p["chat_template"] == state.llm.tokenizer.chat_template and p["build_info"].startswith("pyminfer")
+
+
+def test_llama_cpp_completion_endpoint(local):
+    c, state = local
+    body = {"prompt": "The capital of France is", "temperature": 0}
+    ref = c.post("/v1/completions", json={**body, "max_tokens": 4}).json()
+    r = c.post("/completion", json={**body, "n_predict": 4})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["content"] == ref["choices"][0]["text"] and d["stop"] is True and d["model"] == MODEL
+    assert d["tokens_predicted"] == 4 and d["tokens_evaluated"] == ref["usage"]["prompt_tokens"]
+    assert d["stop_type"] == "limit" and d["stopping_word"] == ""
+    assert d["timings"]["predicted_n"] == 4 and d["timings"]["prompt_n"] == d["tokens_evaluated"]
+    # a token-id prompt gives the same; a stop string is reported as llama.cpp does
+    ids = state.llm.tokenize(body["prompt"])
+    assert c.post("/completion", json={**body, "prompt": ids, "n_predict": 4}).json()["content"] == d["content"]
+    full = c.post("/completion", json={**body, "n_predict": 8}).json()["content"]
+    assert " " in full.strip()
+    cut = full.strip().split(" ")[1]
+    w = c.post("/completion", json={**body, "n_predict": 8, "stop": ["zzz", cut]}).json()
+    assert w["stop_type"] == "word" and w["stopping_word"] == cut and w["content"] == full[:full.index(cut)]
+    # no limit by default (llama.cpp's n_predict -1): runs to EOS or a full context
+    d = c.post("/completion", json={"prompt": "Once upon a time", "temperature": 0, "repeat_penalty": 1.3}).json()
+    assert d["stop_type"] == "eos" or (d["stop_type"] == "limit" and
+                                       d["tokens_evaluated"] + d["tokens_predicted"] == state.llm.n_ctx), d
+    assert d["tokens_predicted"] > 16  # more than /v1/completions' default
+    # streamed: {"content", "stop": false} pieces, then the final object, and no [DONE]
+    r = c.post("/completion", json={**body, "n_predict": 4, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = _sse_events(r)
+    assert "[DONE]" not in events
+    objs = [json.loads(e) for e in events]
+    assert all(o["stop"] is False for o in objs[:-1]) and objs[-1]["stop"] is True
+    assert "".join(o["content"] for o in objs) == ref["choices"][0]["text"]
+    assert objs[-1]["tokens_predicted"] == 4 and objs[-1]["stop_type"] == "limit"
+    err = _error(c.post("/completion", json={"n_predict": 2}))
+    assert err["param"] == "prompt"
+
+
+def test_tokenize_pieces_of_split_characters(local):
+    """A character split over tokens: each piece's bytes as a list (llama.cpp), not three U+FFFD."""
+    c, _ = local
+    toks = c.post("/tokenize", json={"content": "🐵", "with_pieces": True}).json()["tokens"]
+    assert len(toks) > 1 and all(isinstance(t["piece"], list) for t in toks), toks
+    assert bytes(b for t in toks for b in t["piece"]).decode() == "🐵"
+    toks = c.post("/tokenize", json={"content": "Hello world", "with_pieces": True}).json()["tokens"]
+    assert toks == [{"id": 19556, "piece": "Hello"}, {"id": 905, "piece": " world"}]
+
+
+def test_null_content_is_a_400_except_with_tool_calls(local):
+    c, _ = local
+    for role in ("user", "system", "tool"):
+        msgs = [{"role": "user", "content": "Hi"}, {"role": role, "content": None}] if role != "user" else \
+            [{"role": "user", "content": None}]
+        err = _error(_chat(c, msgs))
+        assert err["param"] == f"messages.{len(msgs) - 1}.content" and "null" in err["message"], err
+    err = _error(_chat(c, [{"role": "user"}]))  # missing is null
+    assert err["param"] == "messages.0.content"
+    err = _error(_chat(c, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}]))
+    assert err["param"] == "messages.1.content"
+    ok = [{"role": "user", "content": "Weather?"},
+          {"role": "assistant", "content": None, "tool_calls": [
+              {"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{}"}}]},
+          {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    assert _chat(c, ok).status_code == 200
