@@ -128,7 +128,12 @@ class ChatSession:
         self._last_reply = reply
         if res is None:
             # stopped early (Ctrl-C): the reply was cut mid-stream, so the next turn re-renders the
-            # history and reuses only the cached prefix that still matches it
+            # history and reuses the cached prefix that still matches it. Every token yielded but
+            # the last has its K/V in the cache (the invariant of a finished turn: a yielded token
+            # is fed forward by the next step or round, and a native forward is never cut halfway),
+            # so the cut reply's tokens count too, not only the prompt's.
+            if t.generated:
+                self.cache_ids = list(t.prompt) + t.generated[:-1]
             self._last_prompt_text, self._last_seq = None, []
             return None
         gen = list(res.generated_ids)

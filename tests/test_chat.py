@@ -56,16 +56,25 @@ def test_second_turn_reuses_cache_and_matches_fresh(model):
     assert r3.generated_ids == r1.generated_ids
 
 
-def test_system_message_and_stop_early(model):
+@pytest.mark.parametrize("n_chunks", [1, 6])
+def test_system_message_and_stop_early(model, n_chunks):
     s = ChatSession(model, params=SamplingParams(temperature=0), max_tokens=50, system="Answer briefly.")
     it = s.send("Tell me a story.")
-    next(it)
+    cut = []
+    for _ in range(n_chunks):
+        cut += next(it).token_ids
     it.close()  # what Ctrl-C does: the reply stops, the session stays usable
+    first_prompt = list(s._turn.prompt)
     assert s.finish_turn() is None
     assert s.messages[0] == {"role": "system", "content": "Answer briefly."}
     assert s.messages[-1]["role"] == "assistant"
     r = _reply(s, "Thanks!")
     assert r is not None and r.timings["prefill_tokens"] < len(r.prompt_ids)
+    if n_chunks > 1:  # the cut reply's cached tokens are reused too, not only the first prompt
+        assert len(r.prompt_ids) - r.timings["prefill_tokens"] > len(first_prompt)
+        assert r.prompt_ids[:len(first_prompt) + 1] == first_prompt + cut[:1]
+    # and what was reused is right: the answer equals a generation from an empty cache
+    assert generate(model, r.prompt_ids, SamplingParams(temperature=0), 50).generated_ids == r.generated_ids
 
 
 def test_chat_terminal():
