@@ -142,10 +142,10 @@ class LLM:
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, parse_special: bool = True, add_bos: bool | None = None) -> list[int]:
         """Token ids of ``text``. ``parse_special``: turn special-token text (``<|im_start|>``) into
-        its id; ``add_bos``: default is the model's add_bos_token. Raises TypeError for non-str."""
+        its id; ``add_bos``: default is the model's add_bos_token. Raises TypeError for non-str, and
+        ValueError (tokenizer.InvalidUnicodeError) for text with a lone surrogate."""
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
-        check_unicode(text, "text")
         return self.tokenizer.encode(text, parse_special=parse_special, add_bos=add_bos)
 
     def detokenize(self, ids: Sequence[int], *, skip_special: bool = False) -> str:

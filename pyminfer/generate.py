@@ -23,6 +23,7 @@ class GenerationResult:
     finish_reason: 'stop' (end-of-generation token or stop string) or 'length' (max_tokens or the
     context filled up); stop_reason says which: 'eos', 'stop_string', 'max_tokens', 'context'.
     timings: load/prefill/decode seconds and tokens/s. spec: speculative statistics or None.
+    stop_word: the stop string that ended the text when stop_reason is 'stop_string', else "".
     """
 
     text: str
@@ -32,6 +33,7 @@ class GenerationResult:
     stop_reason: str
     timings: dict[str, float]
     spec: dict[str, Any] | None = None
+    stop_word: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("text", "prompt_ids", "generated_ids", "finish_reason", "stop_reason",
@@ -168,7 +170,8 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     n_dec = max(len(generated) - 1, 0)  # the first token comes out of the prefill
     timings["decode_tok_s"] = n_dec / timings["decode_s"] if timings["decode_s"] > 0 and n_dec else 0.0
     spec = dec.spec_stats() if hasattr(dec, "spec_stats") else None
-    res = GenerationResult("".join(text_parts), list(prompt_ids), generated, finish, reason, timings, spec)
+    res = GenerationResult("".join(text_parts), list(prompt_ids), generated, finish, reason, timings, spec,
+                           stopper.word if reason == "stop_string" else "")
     yield Chunk("", [], res)
 
 

@@ -123,12 +123,14 @@ class StopChecker:
     """Finds stop strings in streamed text and holds back text that may start one.
 
     ``push(text)`` returns (text safe to emit now, stopped?). On a stop the emitted text ends just
-    before the stop string, as OpenAI and llama.cpp do.
+    before the stop string, as OpenAI and llama.cpp do, and ``word`` is the stop string found
+    ("" until then).
     """
 
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.word = ""
         self.hold = max((len(s) for s in self.stops), default=1) - 1
 
     def push(self, text: str) -> tuple[str, bool]:
@@ -139,7 +141,7 @@ class StopChecker:
         hits = [(self.pending.find(s), s) for s in self.stops]
         hits = [(i, s) for i, s in hits if i >= 0]
         if hits:
-            i = min(hits)[0]
+            i, self.word = min(hits)
             out, self.pending = self.pending[:i], ""
             return out, True
         # emit all but a tail that could still grow into a stop string

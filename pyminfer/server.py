@@ -803,10 +803,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         n = max_tokens(req, llm, len(ids), None)
 
         def final(res: GenerationResult, content: str) -> dict[str, Any]:
-            word = _stopping_word(llm, res, params.stop)
             return {"content": content, "id_slot": 0, "stop": True, "model": state.model_id,
                     "tokens_predicted": len(res.generated_ids), "tokens_evaluated": len(ids), "tokens_cached": 0,
-                    "truncated": False, "stop_type": _STOP_TYPES[res.stop_reason], "stopping_word": word,
+                    "truncated": False, "stop_type": _STOP_TYPES[res.stop_reason], "stopping_word": res.stop_word,
                     "timings": _timings(res)}
 
         if req.stream:  # llama.cpp's stream: one object per piece, the last with stop true; no [DONE]
@@ -821,15 +820,6 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
 # llama.cpp's stop_type for each GenerationResult.stop_reason
 _STOP_TYPES = {"eos": "eos", "stop_string": "word", "max_tokens": "limit", "context": "limit"}
-
-
-def _stopping_word(llm: LLM, res: GenerationResult, stops: list[str]) -> str:
-    """The stop string that ended ``res`` ("" when none did): the one that begins where the text
-    ends, in the generated ids' full decode (the text stops just before it)."""
-    if res.stop_reason != "stop_string":
-        return ""
-    rest = llm.tokenizer.decode(res.generated_ids, skip_special=True)[len(res.text):]
-    return min((s for s in stops if s and rest.startswith(s)), default="")
 
 
 def _piece(b: bytes) -> str | list[int]:

@@ -4,6 +4,7 @@ and httpx; plus the loading state through an in-process app."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import socket
@@ -29,6 +30,22 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _serving(state, timeout: float):
+    """An in-process TestClient over ``create_app(state)``, once /health says the model is loaded
+    (at most ``timeout`` seconds; a load error fails at once)."""
+    from starlette.testclient import TestClient
+
+    from pyminfer.server import create_app
+
+    with TestClient(create_app(state)) as c:
+        deadline = time.time() + timeout
+        while c.get("/health").status_code != 200:
+            assert time.time() < deadline and state.load_error is None
+            time.sleep(0.05)
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -257,18 +274,12 @@ def test_health_503_while_loading():
 
 
 def test_speculative_metrics_in_process():
-    from starlette.testclient import TestClient
-
     from pyminfer import LLM
-    from pyminfer.server import ServerState, create_app
+    from pyminfer.server import ServerState
 
     path = str(ensure_model(MODEL, progress=False))
     state = ServerState(lambda: LLM(path, draft_model=path, device="cpu", n_ctx=256, spec_draft_n=3), aliases=[MODEL])
-    with TestClient(create_app(state)) as c:
-        deadline = time.time() + 60
-        while c.get("/health").status_code != 200:
-            assert time.time() < deadline and state.load_error is None
-            time.sleep(0.1)
+    with _serving(state, 60) as c:
         r = c.post("/v1/completions", json={"model": MODEL, "prompt": "The capital of France is", "max_tokens": 5,
                                             "temperature": 0})
         assert r.status_code == 200 and r.json()["timings"]["draft_n"] > 0
@@ -285,18 +296,12 @@ def test_unhandled_error_is_a_500_and_the_connection_survives(monkeypatch):
     re-raised (Starlette's outermost middleware re-raises after answering; uvicorn then dropped the
     keep-alive connection, so the client's next request failed). In process: TestClient re-raises
     server exceptions by default, so this test fails without the catch-all middleware."""
-    from starlette.testclient import TestClient
-
     from pyminfer import LLM
-    from pyminfer.server import ServerState, create_app
+    from pyminfer.server import ServerState
 
     path = str(ensure_model(MODEL, progress=False))
     state = ServerState(lambda: LLM(path, device="cpu", n_ctx=128), aliases=[MODEL])
-    with TestClient(create_app(state)) as c:
-        deadline = time.time() + 60
-        while c.get("/health").status_code != 200:
-            assert time.time() < deadline and state.load_error is None
-            time.sleep(0.1)
+    with _serving(state, 60) as c:
 
         def boom(*a, **k):
             raise RuntimeError("injected failure")
@@ -316,19 +321,13 @@ def test_unhandled_error_is_a_500_and_the_connection_survives(monkeypatch):
 def test_unsupported_openai_fields_are_refused_not_ignored():
     """logprobs, echo, penalties other than repeat_penalty, tools, ...: a 400 naming the field when
     a request asks for them (a silently ignored field is a wrong answer); neutral values pass."""
-    from starlette.testclient import TestClient
-
     from pyminfer import LLM
-    from pyminfer.server import ServerState, create_app
+    from pyminfer.server import ServerState
 
     path = str(ensure_model(MODEL, progress=False))
     state = ServerState(lambda: LLM(path, device="cpu", n_ctx=128), aliases=[MODEL])
     base = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
-    with TestClient(create_app(state)) as c:
-        deadline = time.time() + 60
-        while c.get("/health").status_code != 200:
-            assert time.time() < deadline and state.load_error is None
-            time.sleep(0.1)
+    with _serving(state, 60) as c:
         for extra in ({"logprobs": 2}, {"echo": True}, {"frequency_penalty": 0.5}, {"presence_penalty": -1},
                       {"best_of": 3}, {"logit_bias": {"10": 5}}):
             r = c.post("/v1/completions", json={**base, **extra})
@@ -346,18 +345,12 @@ def test_unsupported_openai_fields_are_refused_not_ignored():
 @pytest.fixture(scope="module")
 def local():
     """An in-process app over one SmolLM2 (TestClient): (client, state)."""
-    from starlette.testclient import TestClient
-
     from pyminfer import LLM
-    from pyminfer.server import ServerState, create_app
+    from pyminfer.server import ServerState
 
     llm = LLM(str(ensure_model(MODEL, progress=False)), device="cpu", n_ctx=256)
     state = ServerState(lambda: llm, aliases=[MODEL])
-    with TestClient(create_app(state)) as c:
-        deadline = time.time() + 60
-        while c.get("/health").status_code != 200:
-            assert time.time() < deadline and state.load_error is None
-            time.sleep(0.05)
+    with _serving(state, 60) as c:
         yield c, state
     llm.close()
 
@@ -438,20 +431,15 @@ def test_lone_surrogates_in_the_python_api(local):
 def test_chat_template_that_does_not_compile(local, monkeypatch):
     """A GGUF whose template has a syntax error: the server starts and serves completions; chat
     requests get a 500 that names the template (was: a bare "TemplateSyntaxError: ..." 500)."""
-    from starlette.testclient import TestClient
 
-    from pyminfer.server import ServerState, create_app
+    from pyminfer.server import ServerState
 
     _, shared = local
     llm = shared.llm
     monkeypatch.setattr(llm.tokenizer, "chat_template", "{% for m in messages %}{{ m.content }")
     monkeypatch.setattr(llm.tokenizer, "_compiled_template", None, raising=False)
     state = ServerState(lambda: llm, aliases=[MODEL])
-    with TestClient(create_app(state)) as c:
-        deadline = time.time() + 30
-        while c.get("/health").status_code != 200:
-            assert time.time() < deadline and state.load_error is None
-            time.sleep(0.05)
+    with _serving(state, 30) as c:
         err = _error(_chat(c, [{"role": "user", "content": "Hi"}]), 500)
         assert err["code"] == "chat_template_error" and err["type"] == "server_error"
         assert "chat template" in err["message"] and "unexpected '}'" in err["message"]
