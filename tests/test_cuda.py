@@ -381,38 +381,6 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
 
 
-NORM_SHAPES = {"small": {}, "qwen05_types": dict(types=bg.qwen05_types(SMALL["n_layer"])),
-               # > 1024 values: the norm kernel's threads take 2 each; > 4096: past its registers
-               "n_embd_1536": dict(n_embd=1536, n_head=12, n_head_kv=2, head_dim=128),
-               "n_embd_4608": dict(n_embd=4608, n_head=36, n_head_kv=4, head_dim=128)}
-
-
-@pytest.mark.parametrize("nt", [1, 4, 8, 9])
-@pytest.mark.parametrize("shape", list(NORM_SHAPES))
-def test_norm_inside_matvec_bitwise(nt, shape, monkeypatch):
-    """MI_CUDA_NORM_FUSE=9 (each layer's RMSNorms run inside the q/k/v and gate/up launches, every
-    block normalizing for itself) gives the bits of =0 (rmsnorm_quant launches): the block norm
-    follows the norm kernel's summation order (norm_block.cuh). Proof that the fused path ran: with
-    the norm launches left out (MI_CUDA_SKIP=norm) the fused forward is unchanged, the other is not."""
-    model = small_model(21, **NORM_SHAPES[shape])
-    V = SMALL["n_vocab"]
-    prompt = list(np.random.default_rng(21).integers(0, V, 10))
-    batch = list(range(7, 7 + nt))
-
-    def forward(fuse, skip=""):  # prefilled in forwards of 5 rows: the mat-vec path throughout
-        monkeypatch.setenv("MI_CUDA_NORM_FUSE", fuse)
-        monkeypatch.setenv("MI_CUDA_SKIP", skip)
-        ctx = make_ctx(model, 1)
-        prefill_chunks(ctx, prompt, V, chunk=5)
-        return run(ctx, batch, range(10, 10 + nt), V)
-
-    (l0, a0), (l9, a9) = forward("0"), forward("9")
-    assert np.std(l0) > 0.1
-    assert np.array_equal(l0, l9) and np.array_equal(a0, a9)
-    assert not np.array_equal(forward("0", "norm")[0], l0)
-    assert np.array_equal(forward("9", "norm")[0], l9)
-
-
 @pytest.mark.parametrize("nt", [1, 4, 9])
 @pytest.mark.parametrize("mix", ["q4_k+q6_k", "q5_0+q8_0", "q4_k+q6_k,rope_kernel", "q5_k+q6_k,k_with_v"])
 def test_mixed_qkv_launch_bitwise(nt, mix, monkeypatch):
@@ -636,8 +604,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
-                                     ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_NORM_FUSE", "10"),
-                                     ("MI_CUDA_NORM_FUSE", "x")])
+                                     ("MI_CUDA_QKV_MIXED", "2")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -126,25 +126,20 @@ static inline bool mi_pdl_on(cudaStream_t s) {
     return s != 0 && cc_major >= 9 && !(e && e[0] == '0');
 }
 
-// kernel<<<grid, block, smem, s>>>(args...) with the PDL attribute where mi_pdl_on(s).
+// kernel<<<grid, block, 0, s>>>(args...) with the PDL attribute where mi_pdl_on(s).
 template <typename... P, typename... A>
-cudaError_t mi_launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
+cudaError_t mi_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t s, A &&...args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
+    cfg.dynamicSmemBytes = 0;
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = mi_pdl_on(s) ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
-}
-// kernel<<<grid, block, 0, s>>>(args...) with the PDL attribute where mi_pdl_on(s).
-template <typename... P, typename... A>
-cudaError_t mi_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t s, A &&...args) {
-    return mi_launch_smem(kernel, grid, block, 0, s, static_cast<A &&>(args)...);
 }
 // Launch as mi_launch and return MI_ERR_CUDA from the enclosing function on failure.
 #define MI_LAUNCH(name, kernel, grid, block, s, ...)                                                        \

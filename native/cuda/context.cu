@@ -3,7 +3,6 @@
 // Data path per layer (as cpu/forward.c, rows independent):
 //   x -> rmsnorm+quant -> q,k,v (+bias, rope, f16 KV write) -> split attention (+ merge, quant)
 //     -> wo (+= x) -> rmsnorm+quant -> silu(gate)*up (one launch) -> quant -> down (+= x)
-// (nt <= norm_fuse: each rmsnorm+quant runs inside the launch after it, every block for itself.)
 // (nt >= 10: tensor-core GEMMs on the f32 inputs, the rope kernel, separate gate/up + swiglu.)
 // Kernels are chained with programmatic dependent launch (common.cuh): each starts while the one
 // before drains, and the mat-vecs prefetch their weights meanwhile.
@@ -45,9 +44,6 @@
 // the 2-KV-head shapes only. Choosing per row (rows of >= 33 splits only) costs the launch at every
 // depth without its gain below (1.5B at 2,048: 1.135 vs 1.070), so the choice is per model.
 #define MI_ATTN_COMBINE_SPLITS 48
-// Default most rows of a forward whose RMSNorms run inside the consuming mat-vec launches
-// (norm_fuse below).
-#define MI_NORM_FUSE_NT 9
 
 struct mi_cuda_layer {
     mi_dtensor wq, wk, wv, wo, gate, up, down;
@@ -84,10 +80,6 @@ struct mi_cuda_ctx {
     // MI_CUDA_QKV_MIXED=0: never (0, A/B timing); =1: required (2), context creation fails for a
     // layer that cannot take it (tests: proves the mixed launch ran).
     int qkv_mixed;
-    // Forwards of nt <= norm_fuse rows (0..9) run each layer's two RMSNorms inside the mat-vec
-    // launches that consume them (q/k/v, gate/up: mi_mmvq_out.norm_x, same bits) instead of
-    // launches of their own. MI_CUDA_NORM_FUSE=N sets it (0 = never; A/B timing, tests).
-    int norm_fuse;
     // MI_CUDA_SKIP=attn,norm,...: op kinds (mi_skip_names) left out of every forward. Timing only
     // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
     unsigned skip;
@@ -248,12 +240,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
     for (int l = 0; l < c->n_layer; l++) {
         const mi_cuda_layer *L = &c->layers[l];
         __half *kc = c->kv_k + (size_t)l * c->n_ctx * KD, *vc = c->kv_v + (size_t)l * c->n_ctx * KD;
-        // The attention norm inside the q/k/v launches where they all can take it (each block
-        // normalizes for itself: one launch less, the same bits).
-        bool nf_attn = !gemm && nt <= c->norm_fuse;
-        for (int gi = 0; nf_attn && gi < L->n_qkv; gi++) nf_attn = mi_cuda_mmvq_can_norm(&L->qkv_w[gi], nt);
-        if (!nf_attn)
-            MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->attn_norm, c->rms_eps, E, c->xn, c->xq, s));
+        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->attn_norm, c->rms_eps, E, c->xn, c->xq, s));
         if (gemm) {
             MI_RUNK(MI_P_MM_Q, mm(&L->wq, c->xq, c->xn, E, nt, c->q, QD, L->bq, 0));
             MI_RUNK(MI_P_MM_Q, mm(&L->wk, c->xq, c->xn, E, nt, c->k, KD, L->bk, 0));
@@ -285,11 +272,6 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                 }
             }
             o.n_seg = count;
-            if (nf_attn) {
-                o.norm_x = c->x;
-                o.norm_w = L->attn_norm;
-                o.norm_eps = c->rms_eps;
-            }
             if (fuse_rope) {
                 o.any_rope = 1;
                 o.hd = HD;
@@ -315,9 +297,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                                                  c->attn_splits_mma, 2, c->attn_mma_from, INT_MAX,
                                                  c->attn_combine_from, c->part, c->attn_cnt, c->att, c->xq, s));
         MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
-        const bool nf_ffn = !gemm && !c->split_ffn && nt <= c->norm_fuse && mi_cuda_mmvq_can_norm(&L->gate, nt);
-        if (!nf_ffn)
-            MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
+        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
         const bool q_down = L->down.type != MI_TYPE_F32 && L->down.type != MI_TYPE_F16;
         bool quantized = false; // ffn_down needs no separate quantize launch
         if (gemm) {
@@ -332,11 +312,6 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
             o.end[0] = F;
             o.y[0] = c->ff;
             o.ldy[0] = F;
-            if (nf_ffn) {
-                o.norm_x = c->x;
-                o.norm_w = L->ffn_norm;
-                o.norm_eps = c->rms_eps;
-            }
             if (q_down && c->fuse_quant) {
                 o.yq = c->xq_ff;
                 o.ldq = F / 32;
@@ -526,13 +501,6 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_QKV_MIXED=%s: want 0 or 1", xe);
     }
     c->qkv_mixed = xe && strcmp(xe, "0") == 0 ? 0 : xe && strcmp(xe, "1") == 0 ? 2 : 1;
-    const char *nfe = getenv("MI_CUDA_NORM_FUSE");
-    if (nfe && !nfe[0]) nfe = nullptr; // empty: unset
-    if (nfe && !(nfe[0] >= '0' && nfe[0] <= '9' && !nfe[1])) {
-        free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_NORM_FUSE=%s: want 0..9 (the most rows of a forward fusing its norms)", nfe);
-    }
-    c->norm_fuse = nfe ? nfe[0] - '0' : MI_NORM_FUSE_NT;
     const char *re = getenv("MI_CUDA_ROPE_FUSE");
     c->rope_fuse = !(re && strcmp(re, "0") == 0) && mi_cuda_mmvq_can_rope(d->n_embd);
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));

@@ -73,7 +73,6 @@ static int mi_mmvq_groups(mi_mmvq_args &a, const mi_block_q8a *xq, const float *
         a.os = *out;
         for (int i = 0; i < out->n_seg; i++) a.os.y[i] = out->y[i] + t0 * out->ldy[i];
         if (out->yq) a.os.yq = out->yq + t0 * out->ldq;
-        if (out->norm_x) a.os.norm_x = out->norm_x + t0 * ldx;
         if (out->any_rope) {
             a.os.pos = out->pos + t0;
             a.os.rope_cs = out->rope_cs + (int64_t)t0 * out->hd;
@@ -92,9 +91,6 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: quantized output needs one segment of 32k rows and counters");
     if (out->any_rope && (w_up || !mi_cuda_mmvq_can_rope(w->n_cols) || out->hd % 2))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: fused RoPE needs the block kernel with even rows per block");
-    if (out->norm_x && !mi_cuda_mmvq_can_norm(w, nt))
-        return mi_set_error(MI_ERR_ARG, "CUDA matmul: no fused input norm for type %d, %lld columns, nt %d", w->type,
-                            (long long)w->n_cols, nt);
     const int64_t nchunks = w->n_cols / 32;
     mi_mmvq_args a;
     a.w0 = w->data;
@@ -124,13 +120,6 @@ int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a
     return mi_cuda_mmvq_seg(w, w_up, xq, xf, ldx, nt, &o, accumulate, s);
 }
 
-bool mi_cuda_mmvq_can_norm(const mi_dtensor *w, int nt) {
-    const int mode = mi_mmvq_mode(), g = nt < 8 ? nt : 8; // rows a launch
-    const int64_t nchunks = w->n_cols / 32;
-    return w->type != MI_TYPE_F32 && w->type != MI_TYPE_F16 && (mode == 0 || mode == 3) &&
-           mi_mmvq_warps(mode, nchunks, w->n_rows) == 0 && g * nchunks * (int64_t)sizeof(mi_block_q8a) <= 48 * 1024;
-}
-
 bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1) {
     const int mode = mi_mmvq_mode();
     const int64_t nchunks = w0->n_cols / 32;
@@ -144,8 +133,6 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
     if (!mi_cuda_mmvq_mixed_applies(w0, w1))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: no mixed launch for types %d + %d here", w0->type, w1->type);
     if (out->yq) return mi_set_error(MI_ERR_ARG, "CUDA matmul: a mixed launch has no quantized output");
-    if (out->norm_x && (!mi_cuda_mmvq_can_norm(w0, nt) || !mi_cuda_mmvq_can_norm(w1, nt)))
-        return mi_set_error(MI_ERR_ARG, "CUDA matmul: no fused input norm for this mixed launch");
     if (out->any_rope && (!mi_cuda_mmvq_can_rope(w0->n_cols) || out->hd % 2)) // as mi_cuda_mmvq_seg
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: fused RoPE needs the block kernel with even rows per block");
     mi_mmvq_args a;

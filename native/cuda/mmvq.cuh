@@ -37,20 +37,10 @@ struct mi_mmvq_out {
     int64_t ld_cache;
     const int32_t *pos;
     const float *rope_cs;
-    // The launch's input side (block kernel, quantized types: mi_cuda_mmvq_can_norm): norm_x !=
-    // NULL: each block computes its activations itself, the q8a blocks of rmsnorm(norm_x[t]) *
-    // norm_w (f32 [nt][ldx], [n_cols]; epsilon norm_eps) into shared memory, and xq is not read.
-    // The same bits as a rmsnorm_quant launch writing xq first (norm_block.cuh), one launch less.
-    const float *norm_x, *norm_w;
-    float norm_eps;
 };
 // Whether a q/k/v launch over rows of n_cols columns can take the fused RoPE epilogue (the block
 // kernel with an even number of rows per block: MI_CUDA_MMVQ 0, or 3 = the default, for rows of <= 128 chunks).
 bool mi_cuda_mmvq_can_rope(int64_t n_cols);
-// Whether a launch of nt activation rows over w can take its input as norm_x (mi_mmvq_out): a
-// quantized type on the block kernel, and the nt (<= 8 a launch) rows' q8a blocks fit the block's
-// shared memory.
-bool mi_cuda_mmvq_can_norm(const mi_dtensor *w, int nt);
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s);
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,

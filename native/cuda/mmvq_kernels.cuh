@@ -9,7 +9,6 @@
 #ifndef MI_CUDA_MMVQ_KERNELS_CUH
 #define MI_CUDA_MMVQ_KERNELS_CUH
 #include "mmvq.cuh"
-#include "norm_block.cuh"
 #include "qtypes.cuh"
 
 namespace {
@@ -221,15 +220,6 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
     const int r = blockIdx.x * rpb + threadIdx.x / tpr;
     const int ra = r < n_rows ? mi_act_row(os, r) : r;
     mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows, os, row_off);
-    const mi_block_q8a *xa = xq; // the activations: xq, or this block's own norm of os.norm_x
-    int64_t lda = ldxb;
-    if (os.norm_x) {
-        extern __shared__ __align__(16) unsigned char mi_mmvq_smem[]; // [NT][nchunks] q8a
-        mi_block_q8a *xs = (mi_block_q8a *)mi_mmvq_smem;
-        mi_norm_q8a_block<MI_MMVQ_THREADS>(os.norm_x, ldxb * 32, NT, os.norm_w, os.norm_eps, nchunks * 32, xs);
-        xa = xs;
-        lda = nchunks;
-    }
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
@@ -239,8 +229,8 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
         // Two chunks per step so their loads are in flight together (order of the sum unchanged).
 #pragma unroll 2
         for (int c = j; c < nchunks; c += tpr) {
-            mi_row_chunk<T, NT>(row0, c, xa, lda, acc);
-            if (GLU) mi_row_chunk<T, NT>(row1, c, xa, lda, acc1);
+            mi_row_chunk<T, NT>(row0, c, xq, ldxb, acc);
+            if (GLU) mi_row_chunk<T, NT>(row1, c, xq, ldxb, acc1);
         }
     }
     mi_row_reduce<NT>(acc, tpr, sh[0]);
@@ -391,11 +381,6 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 }
 
 
-// Dynamic shared memory of a block kernel launch: the q8a rows of a fused input norm (os.norm_x).
-inline size_t mi_mmvq_norm_smem(int nt, const mi_mmvq_args &a) {
-    return a.os.norm_x ? (size_t)nt * (a.n_cols / 32) * sizeof(mi_block_q8a) : 0;
-}
-
 template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args &a, cudaStream_t s) {
     const int grid = (a.n_rows + a.rpb - 1) / a.rpb;
     if constexpr (T == MI_TYPE_F32 || T == MI_TYPE_F16)
@@ -406,8 +391,8 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
                          (a.n_rows + MI_MMVQ_WARPS / a.warp - 1) / (MI_MMVQ_WARPS / a.warp), MI_MMVQ_WARPS * 32, s, a.w0,
                          a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.warp);
     else
-        return mi_launch_smem(mi_mmvq_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, mi_mmvq_norm_smem(NT, a), s, a.w0, a.w1,
-                              a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
+        return mi_launch(mi_mmvq_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
+                         a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
 }
 
 template <int T, bool GLU> cudaError_t mi_launch_nt(int nt, const mi_mmvq_args &a, cudaStream_t s) {

@@ -1,13 +1,12 @@
 // RMSNorm (Zhang & Sennrich 2019) + q8a quantization in one pass per row, so each matmul input
 // is read once and quantized once per layer (not once per consuming matrix).
 #include "norm.cuh"
-#include "norm_block.cuh"
 
 namespace {
-// One block per row for the norm (its sum of squares is a block reduction): MI_NORM_THREADS = 1024
-// threads (norm_block.cuh, whose block version must follow this kernel's summation order) so a
+// One block per row for the norm (its sum of squares is a block reduction): 1024 threads so a
 // 1536..8192-wide row takes few passes. Plain quantization has no reduction across chunks: a grid
 // of 8-chunk blocks keeps every SM busy even for one row.
+constexpr int MI_NORM_THREADS = 1024;
 constexpr int MI_QUANT_THREADS = 256;
 
 __global__ void __launch_bounds__(MI_NORM_THREADS)
