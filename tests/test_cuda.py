@@ -591,6 +591,35 @@ def test_attention_combine_threshold_inside_a_batch(graphs, monkeypatch):
     assert not np.array_equal(lm[2:], ln[2:])
 
 
+@pytest.mark.parametrize("shape", ["g6_hd128", "g7_hd64", "g2_hd64", "kv8_hd128", "mha_hd256"])
+@pytest.mark.parametrize("P,nt", [(0, 40), (21, 12), (37, 64)])
+def test_prefill_attention_within_tolerance(shape, P, nt, monkeypatch):
+    """Forwards of nt >= 10 rows (prompt chunks) take the prefill attention (MI_CUDA_ATTN_PREFILL,
+    one tensor-core block per 16 rows and head, each row masked at its own position): within NMSE
+    1e-6 of the decode kernels (=0), 1e-4 of the CPU (the GEMMs), after P cached positions (a
+    partial last 16-row tile; 64 rows = 4 tiles whose slot ranges differ). mha_hd256 has no prefill
+    kernel and must equal =0 bitwise (the fallback); the others must differ (the kernel ran)."""
+    model, prompt, _ = attn_case(shape, 31, P + nt, 31)
+    V = SMALL["n_vocab"]
+    head, batch = prompt[:P], prompt[P:]
+    out = []
+    for v in ("0", "1"):
+        monkeypatch.setenv("MI_CUDA_ATTN_PREFILL", v)
+        ctx = make_ctx(model, 1, n_ctx=128)
+        prefill_chunks(ctx, head, V, chunk=8)  # the mat-vec path: the same cache under both
+        out.append(run(ctx, batch, range(P, P + nt), V)[0])
+    cpu = make_ctx(model, 0, n_ctx=128)
+    prefill_chunks(cpu, head, V, chunk=8)
+    lc = run(cpu, batch, range(P, P + nt), V)[0]
+    assert np.std(lc) > 0.1
+    if shape == "mha_hd256":
+        assert np.array_equal(out[0], out[1])
+    else:
+        assert not np.array_equal(out[0], out[1])
+    assert nmse(out[1], out[0]) < 1e-6, nmse(out[1], out[0])
+    assert nmse(out[1], lc) < 1e-4, nmse(out[1], lc)  # the GEMMs round x and W to f16
+
+
 @pytest.mark.parametrize("graphs", ["1", "0"])
 @pytest.mark.parametrize("shape", ["g6_hd128", "g7_hd64", "per_head_g16"])
 def test_attention_switch_position_splits_a_batch(shape, graphs, monkeypatch):
@@ -624,7 +653,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
-                                     ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_MMVQ_GRID", "65"),
+                                     ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"), ("MI_CUDA_MMVQ_GRID", "65"),
                                      ("MI_CUDA_MMVQ_GRID", "x")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)

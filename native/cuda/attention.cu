@@ -533,6 +533,193 @@ __global__ void __launch_bounds__(NW * 32)
     for (int hh = warp; hh < G; hh += NW) mi_attn_merge<DPL, 16>(part, t, h0 + hh, n_head, n_used, att, xq, lane);
 }
 
+// Prefill attention on the tensor cores (forwards of nt >= MI_MMQ_MIN_NT rows: prompt chunks, whose
+// GEMMs are within a tolerance anyway): block = (16 query rows t0 .. t0 + 15, query head h), NW
+// warps. The 16 rows are the M rows of mma.m16n8k16, where the decode tensor-core kernel above has
+// the query heads of one row: the same fragment maps, hi / lo f16 splits of q and of P (x 2^12)
+// and online softmax, each row masked at its own position (slot j <= pos[t]). Warp w takes the
+// 16-slot tiles j0 = 16w, 16w + 16NW, ... below the rows' last position; the warps are merged in
+// shared memory as in that kernel and the output normalized there: no splits, no partials in
+// global memory. The decode kernels run one block per (row, head, split) and took 37% / 56% of a
+// 512-token prefill on the 1.5B / 0.5B shapes (docs/perf.md, session 10). Blocks are issued from
+// the last rows (the most slots) first. Not bitwise to the decode kernels: a stated tolerance.
+template <int DPL, int NW>
+__global__ void __launch_bounds__(NW * 32)
+    mi_attn_prefill_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
+                           const int32_t *__restrict__ pos, int nt, int n_head, int n_head_kv, float scale,
+                           float *__restrict__ att) {
+    constexpr int HD = DPL * 32, KS = HD / 16, NV = HD / 64, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, R = 16;
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * R, h = blockIdx.y;
+    const int g = h / (n_head / n_head_kv), kvd = n_head_kv * HD;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    // Slots each of this lane's rows (gid, gid + 8) sees; rows past nt see slot 0 (never stored).
+    int nkv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) nkv[r] = t0 + gid + 8 * r < nt ? pos[t0 + gid + 8 * r] + 1 : 1;
+    int k1 = max(nkv[0], nkv[1]); // the block's slot range: the most any of its rows sees
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) k1 = max(k1, __shfl_xor_sync(MI_FULL_MASK, k1, o));
+    mi_pdl_wait();
+    mi_pdl_trigger();
+    uint32_t qa[KS][4], ql[KS][4];
+#pragma unroll
+    for (int c = 0; c < HD / 32; c++) {
+        float v[2][8];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + gid + 8 * r;
+            if (t < nt) {
+                const float4 *p = (const float4 *)(q + ((int64_t)t * n_head + h) * HD + 32 * c + 8 * tig);
+                const float4 a = p[0], b = p[1];
+                v[r][0] = a.x; v[r][1] = a.y; v[r][2] = a.z; v[r][3] = a.w;
+                v[r][4] = b.x; v[r][5] = b.y; v[r][6] = b.z; v[r][7] = b.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[r][i] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int kk = 2 * c + e;
+            mi_split_f16x2(v[0][4 * e], v[0][4 * e + 1], qa[kk][0], ql[kk][0]);
+            mi_split_f16x2(v[1][4 * e], v[1][4 * e + 1], qa[kk][1], ql[kk][1]);
+            mi_split_f16x2(v[0][4 * e + 2], v[0][4 * e + 3], qa[kk][2], ql[kk][2]);
+            mi_split_f16x2(v[1][4 * e + 2], v[1][4 * e + 3], qa[kk][3], ql[kk][3]);
+        }
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int j0 = warp * MI_ATTN_MMA_TILE; j0 < k1; j0 += TILE) {
+        uint4 kr[2][HD / 32], vr[4][NV];
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            const __half *row = kc + (int64_t)min(j0 + 8 * n + gid, k1 - 1) * kvd + g * HD + 8 * tig;
+#pragma unroll
+            for (int c = 0; c < HD / 32; c++) kr[n][c] = *(const uint4 *)(row + 32 * c);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const __half *row = vc + (int64_t)min(j0 + 8 * (r >> 1) + 2 * tig + (r & 1), k1 - 1) * kvd + g * HD + 8 * gid;
+#pragma unroll
+            for (int mm = 0; mm < NV; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
+        }
+        float sc[2][4], sp[2][4][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int a = 0; a < 4; a++) sp[n][a][0] = sp[n][a][1] = sp[n][a][2] = sp[n][a][3] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < HD / 32; c++)
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                mi_mma_f16(sp[n][0], qa[2 * c], kr[n][c].x, kr[n][c].y);
+                mi_mma_f16(sp[n][1], ql[2 * c], kr[n][c].x, kr[n][c].y);
+                mi_mma_f16(sp[n][2], qa[2 * c + 1], kr[n][c].z, kr[n][c].w);
+                mi_mma_f16(sp[n][3], ql[2 * c + 1], kr[n][c].z, kr[n][c].w);
+            }
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                sc[n][i] = __fadd_rn(__fadd_rn(sp[n][0][i], sp[n][2][i]), __fadd_rn(sp[n][1][i], sp[n][3][i]));
+        // sc[n][2r + e]: row gid + 8r, slot j0 + 8n + 2tig + e.
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float v = j0 + 8 * n + 2 * tig + e < nkv[r] ? __fmul_rn(sc[n][2 * r + e], scale) : -INFINITY;
+                    sc[n][2 * r + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 2));
+            // A row may have seen no slot yet (its position is below this warp's tiles so far).
+            const float mn = fmaxf(m[r], mx);
+            corr[r] = mn == -INFINITY ? 1.0f : expf(m[r] - mn);
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = mn == -INFINITY ? 0.0f : expf(sc[n][2 * r + e] - mn);
+                    sc[n][2 * r + e] = p;
+                    sum = __fadd_rn(sum, p);
+                }
+            l[r] = __fadd_rn(__fmul_rn(l[r], corr[r]), sum);
+            m[r] = mn;
+        }
+        constexpr float PS = 4096.0f; // as the decode kernel: P's lo part stays a normal f16
+        uint32_t pa[4], pl[4];
+        mi_split_f16x2(sc[0][0] * PS, sc[0][1] * PS, pa[0], pl[0]);
+        mi_split_f16x2(sc[0][2] * PS, sc[0][3] * PS, pa[1], pl[1]);
+        mi_split_f16x2(sc[1][0] * PS, sc[1][1] * PS, pa[2], pl[2]);
+        mi_split_f16x2(sc[1][2] * PS, sc[1][3] * PS, pa[3], pl[3]);
+#pragma unroll
+        for (int mm = 0; mm < NV; mm++) {
+            const uint32_t *w0 = (const uint32_t *)&vr[0][mm], *w1 = (const uint32_t *)&vr[1][mm];
+            const uint32_t *w2 = (const uint32_t *)&vr[2][mm], *w3 = (const uint32_t *)&vr[3][mm];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t sel = i & 1 ? 0x7632u : 0x5410u;
+                const uint32_t b0 = __byte_perm(w0[i / 2], w1[i / 2], sel), b1 = __byte_perm(w2[i / 2], w3[i / 2], sel);
+                float(&on)[4] = o[8 * mm + i];
+                on[0] = __fmul_rn(on[0], corr[0]);
+                on[1] = __fmul_rn(on[1], corr[0]);
+                on[2] = __fmul_rn(on[2], corr[1]);
+                on[3] = __fmul_rn(on[3], corr[1]);
+                mi_mma_f16(on, pa, b0, b1);
+                mi_mma_f16(on, pl, b0, b1);
+            }
+        }
+    }
+    // Warps -> rows: e_w = exp(m_w - M) per (warp, row), the warps summed in order, then / L.
+    __shared__ float sm_m[NW][R], sm_l[NW][R], sm_e[NW][R];
+    __shared__ float sm_acc[NW][R][HD + 4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = __fadd_rn(l[r], __shfl_xor_sync(MI_FULL_MASK, l[r], 1));
+        lr = __fadd_rn(lr, __shfl_xor_sync(MI_FULL_MASK, lr, 2));
+        if (tig == 0) {
+            sm_m[warp][gid + 8 * r] = m[r];
+            sm_l[warp][gid + 8 * r] = lr;
+        }
+#pragma unroll
+        for (int mm = 0; mm < NV; mm++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    sm_acc[warp][gid + 8 * r][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e] * (1.0f / 4096.0f);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < NW * R; i += NW * 32) {
+        const int rr = i / NW, w = i % NW;
+        float M = -INFINITY;
+#pragma unroll
+        for (int v = 0; v < NW; v++) M = fmaxf(M, sm_m[v][rr]);
+        sm_e[w][rr] = sm_m[w][rr] == -INFINITY ? 0.0f : expf(sm_m[w][rr] - M); // warp 0 always saw slot 0
+    }
+    __syncthreads();
+    const int qd = n_head * HD;
+    for (int idx = threadIdx.x; idx < R * HD; idx += NW * 32) {
+        const int rr = idx / HD, dd = idx % HD;
+        if (t0 + rr >= nt) break; // rows go up with idx
+        float a = 0.0f, L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            a = __fadd_rn(a, __fmul_rn(sm_acc[w][rr][dd], sm_e[w][rr]));
+            L = __fadd_rn(L, __fmul_rn(sm_l[w][rr], sm_e[w][rr]));
+        }
+        att[(int64_t)(t0 + rr) * qd + h * HD + dd] = __fdiv_rn(a, L);
+    }
+}
+
 // The tensor-core kernel's split merge as a launch of its own, for rows of >= combine_from splits
 // (context.cu: every row for models with <= 2 KV heads on the H200, else none; the kernel's last
 // block merges the others, as mi_attn_kernel does). Block = (query head h, row t), 4 x HD
@@ -649,6 +836,25 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
     return mi_attn_launch<DPL, 1>(a, s);
 }
 } // namespace
+
+bool mi_cuda_attention_prefill_applies(int n_head, int n_head_kv, int hd) {
+    return n_head_kv >= 1 && n_head % n_head_kv == 0 && (hd == 64 || hd == 128);
+}
+
+int mi_cuda_attention_prefill(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
+                              int n_head, int n_head_kv, int hd, float scale, float *att, cudaStream_t s) {
+    if (!mi_cuda_attention_prefill_applies(n_head, n_head_kv, hd))
+        return mi_set_error(MI_ERR_ARG, "CUDA prefill attention: no kernel for head_dim %d, %d / %d heads", hd, n_head,
+                            n_head_kv);
+    if (nt < 1) return MI_OK;
+    const dim3 grid((nt + 15) / 16, n_head);
+    const cudaError_t e = hd == 64 ? mi_launch(mi_attn_prefill_kernel<2, 4>, grid, 128, s, q, k_cache, v_cache, pos, nt,
+                                               n_head, n_head_kv, scale, att)
+                                   : mi_launch(mi_attn_prefill_kernel<4, 4>, grid, 128, s, q, k_cache, v_cache, pos, nt,
+                                               n_head, n_head_kv, scale, att);
+    if (e != cudaSuccess) return mi_set_error(MI_ERR_CUDA, "launch prefill attention: %s", cudaGetErrorString(e));
+    return MI_OK;
+}
 
 bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd) {
     return n_head_kv >= 1 && n_head % n_head_kv == 0 && n_head / n_head_kv <= 16 && (hd == 64 || hd == 128);

@@ -3,7 +3,8 @@
 // Data path per layer (as cpu/forward.c, rows independent):
 //   x -> rmsnorm+quant -> q,k,v (+bias, rope, f16 KV write) -> split attention (+ merge, quant)
 //     -> wo (+= x) -> rmsnorm+quant -> silu(gate)*up (one launch) -> quant -> down (+= x)
-// (nt >= 10: tensor-core GEMMs on the f32 inputs, the rope kernel, separate gate/up + swiglu.)
+// (nt >= 10: tensor-core GEMMs on the f32 inputs, the rope kernel, the prefill attention, separate
+// gate/up + swiglu.)
 // Kernels are chained with programmatic dependent launch (common.cuh): each starts while the one
 // before drains, and the mat-vecs prefetch their weights meanwhile.
 // Everything a forward reads that changes between calls (tokens, positions, out rows, n_out) lives
@@ -80,6 +81,9 @@ struct mi_cuda_ctx {
     // MI_CUDA_QKV_MIXED=0: never (0, A/B timing); =1: required (2), context creation fails for a
     // layer that cannot take it (tests: proves the mixed launch ran).
     int qkv_mixed;
+    // Forwards on the GEMM path (nt >= MI_MMQ_MIN_NT: prompt chunks) take the prefill attention
+    // (mi_cuda_attention_prefill) where it applies (1); MI_CUDA_ATTN_PREFILL=0: the decode kernels.
+    int attn_prefill;
     // MI_CUDA_SKIP=attn,norm,...: op kinds (mi_skip_names) left out of every forward. Timing only
     // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
     unsigned skip;
@@ -288,11 +292,17 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
         if (!fuse_rope)
             MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
                                s));
-        if (regime & 1)
+        if (gemm && c->attn_prefill) {
+            // Prompt chunks: one tensor-core block per 16 rows and head (the GEMM path's tolerance);
+            // its output is f32 only, which the GEMM reads; a wo without a GEMM kernel needs q8a.
+            MI_RUNK(MI_P_ATTN, mi_cuda_attention_prefill(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
+                                                         c->att, s));
+            if (!mi_cuda_mmq_applies(L->wo.type, QD, nt)) MI_RUNK(MI_P_ATTN, mi_cuda_quantize(c->att, nt, QD, c->xq, s));
+        } else if (regime & 1)
             MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
                                                  c->attn_splits, c->attn_group, 0, c->attn_mma_from, INT_MAX, c->part,
                                                  c->attn_cnt, c->att, c->xq, s));
-        if (regime & 2)
+        if (!(gemm && c->attn_prefill) && (regime & 2))
             MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
                                                  c->attn_splits_mma, 2, c->attn_mma_from, INT_MAX,
                                                  c->attn_combine_from, c->part, c->attn_cnt, c->att, c->xq, s));
@@ -501,6 +511,12 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_QKV_MIXED=%s: want 0 or 1", xe);
     }
     c->qkv_mixed = xe && strcmp(xe, "0") == 0 ? 0 : xe && strcmp(xe, "1") == 0 ? 2 : 1;
+    const char *pe = getenv("MI_CUDA_ATTN_PREFILL");
+    if (pe && pe[0] && strcmp(pe, "0") != 0 && strcmp(pe, "1") != 0) {
+        free(c);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_PREFILL=%s: want 0 or 1", pe);
+    }
+    c->attn_prefill = !(pe && strcmp(pe, "0") == 0) && mi_cuda_attention_prefill_applies(d->n_head, d->n_head_kv, d->head_dim);
     const char *re = getenv("MI_CUDA_ROPE_FUSE");
     c->rope_fuse = !(re && strcmp(re, "0") == 0) && mi_cuda_mmvq_can_rope(d->n_embd);
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
