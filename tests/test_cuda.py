@@ -605,10 +605,10 @@ def test_prefill_attention_within_tolerance(shape, P, nt, monkeypatch):
     out = []
     for v in ("0", "1"):
         monkeypatch.setenv("MI_CUDA_ATTN_PREFILL", v)
-        ctx = make_ctx(model, 1, n_ctx=128)
+        ctx = make_ctx(model, 1, n_ctx=128, max_nt=64)
         prefill_chunks(ctx, head, V, chunk=8)  # the mat-vec path: the same cache under both
         out.append(run(ctx, batch, range(P, P + nt), V)[0])
-    cpu = make_ctx(model, 0, n_ctx=128)
+    cpu = make_ctx(model, 0, n_ctx=128, max_nt=64)
     prefill_chunks(cpu, head, V, chunk=8)
     lc = run(cpu, batch, range(P, P + nt), V)[0]
     assert np.std(lc) > 0.1
