@@ -5,7 +5,7 @@ Tensors cross as plain tuples ``(address, ggml_type, n_cols, n_rows)`` whose add
 memory the caller keeps alive (the GGUF mmap); arrays cross as buffers (numpy arrays of the
 stated dtype, C-contiguous). Every C error becomes a Python exception carrying the C message.
 """
-from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 import threading
@@ -274,6 +274,32 @@ def mmq(int type, const unsigned char[::1] w, int64_t n_rows, int64_t n_cols, co
     cdef int rc
     with nogil:
         rc = mi_cuda_op_mmq(type, &w[0], n_rows, n_cols, &x[0, 0], nt, bp, acc, &y[0, 0])
+    _check(rc)
+    return out
+
+
+def attention_prefill(const float[:, ::1] q, const uint16_t[:, ::1] k, const uint16_t[:, ::1] v,
+                      const int32_t[::1] pos, int n_head, int n_head_kv, float scale):
+    """CUDA prefill attention (native/cuda/attention.cuh, the GEMM path's tensor-core kernel):
+    returns a new float32 [nt, n_head*head_dim], per head softmax(q k^T * scale) v of row t over
+    cache slots 0..pos[t]. q float32 [nt, n_head*head_dim]; k, v: f16 bits (uint16) [n_kv,
+    n_head_kv*head_dim]; pos int32 [nt]. Raises NativeError for head_dim other than 64 / 128, a
+    position outside the cache, or no GPU."""
+    import numpy as np
+    cdef int nt = q.shape[0]
+    if nt < 1 or n_head < 1 or n_head_kv < 1 or q.shape[1] % n_head:
+        raise ValueError("q must be [nt >= 1, n_head * head_dim]")
+    cdef int hd = q.shape[1] // n_head
+    if k.shape[1] != n_head_kv * hd or v.shape[0] != k.shape[0] or v.shape[1] != k.shape[1] or k.shape[0] < 1:
+        raise ValueError("k, v must be [n_kv >= 1, n_head_kv * head_dim], the same shape")
+    if pos.shape[0] != nt:
+        raise ValueError("pos must hold nt positions")
+    out = np.empty((nt, n_head * hd), np.float32)
+    cdef float[:, ::1] o = out
+    cdef int rc
+    with nogil:
+        rc = mi_cuda_op_attention_prefill(&q[0, 0], &k[0, 0], &v[0, 0], &pos[0], nt, k.shape[0], n_head, n_head_kv,
+                                          hd, scale, &o[0, 0])
     _check(rc)
     return out
 

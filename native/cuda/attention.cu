@@ -889,3 +889,39 @@ int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cac
     if (e != cudaSuccess) return mi_set_error(MI_ERR_CUDA, "launch attention: %s", cudaGetErrorString(e));
     return MI_OK;
 }
+
+// Test entry (pyminfer.h): host operands in, host out back, on the default stream.
+extern "C" int mi_cuda_op_attention_prefill(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *pos,
+                                            int32_t nt, int32_t n_kv, int32_t n_head, int32_t n_head_kv,
+                                            int32_t head_dim, float scale, float *out) {
+    if (!mi_cuda_available()) return mi_set_error(MI_ERR_CUDA, "no CUDA device visible");
+    if (nt < 1 || n_kv < 1 || n_head < 1 || n_head_kv < 1)
+        return mi_set_error(MI_ERR_ARG, "CUDA prefill attention: bad shape (nt %d, n_kv %d)", nt, n_kv);
+    for (int t = 0; t < nt; t++)
+        if (pos[t] < 0 || pos[t] >= n_kv)
+            return mi_set_error(MI_ERR_ARG, "CUDA prefill attention: pos[%d] = %d outside 0..%d", t, pos[t], n_kv - 1);
+    const size_t qb = (size_t)nt * n_head * head_dim * 4, kb = (size_t)n_kv * n_head_kv * head_dim * 2, pb = (size_t)nt * 4;
+    auto al = [](size_t n) { return (n + 255) & ~(size_t)255; };
+    uint8_t *buf = nullptr;
+    if (cudaMalloc(&buf, al(qb) * 2 + al(kb) * 2 + al(pb)) != cudaSuccess) {
+        cudaGetLastError();
+        return mi_set_error(MI_ERR_OOM, "CUDA out of memory allocating attention operands");
+    }
+    uint8_t *qd = buf, *od = qd + al(qb), *kd = od + al(qb), *vd = kd + al(kb), *pd = vd + al(kb);
+    const int rc = [&]() -> int {
+        MI_CUDA_TRY(cudaMemcpy(qd, q, qb, cudaMemcpyHostToDevice));
+        MI_CUDA_TRY(cudaMemcpy(kd, k, kb, cudaMemcpyHostToDevice));
+        MI_CUDA_TRY(cudaMemcpy(vd, v, kb, cudaMemcpyHostToDevice));
+        MI_CUDA_TRY(cudaMemcpy(pd, pos, pb, cudaMemcpyHostToDevice));
+        MI_CUDA_TRY(cudaMemset(od, 0xFF, qb)); // NaN: a row or head the kernel misses shows
+        const int r = mi_cuda_attention_prefill((const float *)qd, (const __half *)kd, (const __half *)vd,
+                                                (const int32_t *)pd, nt, n_head, n_head_kv, head_dim, scale,
+                                                (float *)od, 0);
+        if (r) return r;
+        MI_CUDA_TRY(cudaDeviceSynchronize());
+        MI_CUDA_TRY(cudaMemcpy(out, od, qb, cudaMemcpyDeviceToHost));
+        return MI_OK;
+    }();
+    cudaFree(buf);
+    return rc;
+}

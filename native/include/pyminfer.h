@@ -94,6 +94,14 @@ int mi_op_matmul(int32_t device, int32_t type, const void *w, int64_t n_rows, in
  * [n_rows] or NULL; y [nt, n_rows] f32, read when accumulate != 0. MI_ERR_CUDA without a GPU. */
 int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
                    const float *bias, int32_t accumulate, float *y);
+/* CUDA prefill attention (the tensor-core kernel of forwards on the GEMM path; tolerance in
+ * native/cuda/attention.cuh): out [nt][n_head*head_dim] f32 = per head softmax(q k^T * scale) v,
+ * row t over slots 0..pos[t]. q [nt][n_head*head_dim] f32; k, v [n_kv][n_head_kv*head_dim] f16
+ * bits; pos [nt], each < n_kv. head_dim 64 or 128, n_head a multiple of n_head_kv (else
+ * MI_ERR_ARG). MI_ERR_CUDA without a GPU. */
+int mi_cuda_op_attention_prefill(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *pos, int32_t nt,
+                                 int32_t n_kv, int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale,
+                                 float *out);
 
 /* CPU transformer ops, one token row per call (tests against numpy; same code as the forward).
  * RMSNorm: y[n] = x / sqrt(mean(x^2) + eps) * w. */
