@@ -382,26 +382,6 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
 
 
 @pytest.mark.parametrize("nt", [1, 4, 9])
-@pytest.mark.parametrize("variant", ["qwen", "qwen05", "fused_quant"])
-def test_matvec_grid_cap_bitwise(nt, variant, monkeypatch):
-    """MI_CUDA_MMVQ_GRID=k (at most k blocks per SM, each running its virtual blocks in turn) gives
-    the bits of one block per virtual block: what a virtual block computes does not depend on which
-    block runs it. k = 1 and 2 make every mat-vec of this shape loop (>= 256 virtual blocks vs the
-    SM count), including the mixed q/k/v launch (qwen05 mix), the fused RoPE epilogue and the
-    SwiGLU quantize by the last block of each 32-row group (fused_quant)."""
-    shape = dict(n_embd=1024, n_ff=2048, n_head=8, n_head_kv=2, head_dim=128, n_vocab=2048)
-    types = bg.qwen05_types(SMALL["n_layer"]) if variant == "qwen05" else bg.qwen_types(SMALL["n_layer"])
-    if variant == "fused_quant":
-        monkeypatch.setenv("MI_CUDA_FUSE", "1")
-    model = small_model(23, types=types, **shape)
-    prompt = list(np.random.default_rng(23).integers(0, shape["n_vocab"], 10))
-    out = batch_under_env(monkeypatch, "MI_CUDA_MMVQ_GRID", ("0", "1", "2"), model, prompt, list(range(7, 7 + nt)))
-    assert np.std(out[0][0]) > 0.1
-    for lg, am in out[1:]:
-        assert np.array_equal(out[0][0], lg) and np.array_equal(out[0][1], am)
-
-
-@pytest.mark.parametrize("nt", [1, 4, 9])
 @pytest.mark.parametrize("mix", ["q4_k+q6_k", "q5_0+q8_0", "q4_k+q6_k,rope_kernel", "q5_k+q6_k,k_with_v"])
 def test_mixed_qkv_launch_bitwise(nt, mix, monkeypatch):
     """q/k/v in two groups of different types ({q, k} + {v} in layer 0 of these mixes, or {q} +
@@ -695,8 +675,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
-                                     ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"), ("MI_CUDA_MMVQ_GRID", "65"),
-                                     ("MI_CUDA_MMVQ_GRID", "x")])
+                                     ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -55,24 +55,6 @@ static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
     }
 }
 
-// Most blocks of a block-kernel launch (mi_mmvq_args.grid): MI_CUDA_MMVQ_GRID=k blocks per SM
-// (1..64), each block running its virtual blocks in turn; unset, empty or 0: one block per
-// virtual block. Read at every call (a graph keeps what was set at capture); changes no bit.
-// -1 when malformed (mi_cuda_mmvq_seg refuses it).
-static int mi_mmvq_grid() {
-    const char *ev = getenv("MI_CUDA_MMVQ_GRID");
-    if (!ev || !ev[0]) return 0;
-    char *end = nullptr;
-    const long k = strtol(ev, &end, 10);
-    if (*end || k < 0 || k > 64) return -1;
-    static int sms = 0; // of device 0, the only one the backend uses
-    if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
-        cudaGetLastError();
-        sms = 0;
-    }
-    return (int)k * sms;
-}
-
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     const int mode = mi_mmvq_mode(); // modes 0 and 3 run rows of <= 128 chunks on the block kernel
     return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
@@ -122,8 +104,6 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     const int mode = mi_mmvq_mode();
     if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2 or 3", getenv("MI_CUDA_MMVQ"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows);
-    if ((a.grid = mi_mmvq_grid()) < 0)
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_GRID=%s: want 0..64 blocks per SM", getenv("MI_CUDA_MMVQ_GRID"));
     return mi_mmvq_groups(a, xq, xf, ldx, nt, out,
                           [&](int g, const mi_mmvq_args &ga) { return mi_launch_type(w->type, w_up != nullptr, g, ga, s); });
 }
@@ -164,8 +144,6 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
     a.accumulate = accumulate;
     a.rpb = mi_rows_per_block(w0->n_cols / 32);
     a.warp = 0;
-    if ((a.grid = mi_mmvq_grid()) < 0)
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_GRID=%s: want 0..64 blocks per SM", getenv("MI_CUDA_MMVQ_GRID"));
     return mi_mmvq_groups(a, xq, nullptr, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
         const cudaError_t e = mi_mmvq_mixed_launch(w0->type, w1->type, g, ga, w1->data, w1->row_bytes, (int)w1->n_rows, s);
         return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (mixed): %s", cudaGetErrorString(e));

@@ -68,7 +68,6 @@ struct mi_mmvq_args {
     int64_t ldx;
     mi_mmvq_out os;
     int accumulate, rpb, warp;
-    int grid; // block kernel: most blocks a launch (each runs virtual blocks in turn); 0 = one per virtual block
 };
 template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s);
 // Mixed launches (mmvq_mixed.cu): whether the pair (t0, t1) is compiled, and the launch of one group

@@ -46,11 +46,11 @@ __device__ __forceinline__ int mi_act_row(const mi_mmvq_out &os, int r) {
     return s.base + (l - n) + (n & 1) * (os.hd / 2) + n / 2;
 }
 
-// Pull the weight rows of virtual rows r0 .. r0 + n - 1 (matrix rows less row_off: see
-// mi_mmvq_block) towards L2: issued before the PDL wait (common.cuh) while the previous kernel
-// still runs (weights are constants, so this may precede the wait).
-__device__ __forceinline__ void mi_mmvq_prefetch(const uint8_t *w0, const uint8_t *w1, int64_t row_bytes, int r0, int n,
-                                                 int n_rows, const mi_mmvq_out &os, int row_off = 0) {
+// Before the PDL wait (common.cuh): pull this block's weight rows (virtual r0 .. r0 + n - 1, matrix
+// rows less row_off: see mi_mmvq_block) towards L2 while the previous kernel still runs (weights
+// are constants, so this may precede the wait), then wait for the activations.
+__device__ __forceinline__ void mi_mmvq_prologue(const uint8_t *w0, const uint8_t *w1, int64_t row_bytes, int r0,
+                                                 int n, int n_rows, const mi_mmvq_out &os, int row_off = 0) {
     if (n > n_rows - r0) n = n_rows - r0;
     if (n > 0 && !os.any_rope) {
         mi_prefetch_l2(w0 + (int64_t)(r0 - row_off) * row_bytes, (int64_t)n * row_bytes);
@@ -59,11 +59,6 @@ __device__ __forceinline__ void mi_mmvq_prefetch(const uint8_t *w0, const uint8_
         for (int k = 0; k < n; k++)
             mi_prefetch_l2(w0 + (int64_t)(mi_act_row(os, r0 + k) - row_off) * row_bytes, row_bytes);
     }
-}
-// Prefetch, then wait for the activations.
-__device__ __forceinline__ void mi_mmvq_prologue(const uint8_t *w0, const uint8_t *w1, int64_t row_bytes, int r0,
-                                                 int n, int n_rows, const mi_mmvq_out &os, int row_off = 0) {
-    mi_mmvq_prefetch(w0, w1, row_bytes, r0, n, n_rows, os, row_off);
     mi_pdl_wait();
     mi_pdl_trigger();
 }
@@ -210,21 +205,21 @@ __device__ __forceinline__ void mi_group_quant(const mi_mmvq_out &os, int r0, in
         mi_quant_chunk_warp(__ldcg(os.y[0] + t * os.ldy[0] + 32 * g + lane), os.yq + t * os.ldq + g, lane);
 }
 
-// The block kernel's body for virtual block vb: virtual rows vb * rpb + [0, rpb) below n_rows;
+// The block kernel's body for the block's virtual rows blockIdx.x * rpb + [0, rpb) below n_rows:
 // virtual row r is matrix row mi_act_row(os, r) - row_off of w0 (w1). row_off != 0: the second,
 // differently typed part of a mixed q/k/v launch (mi_mmvq_mixed_kernel), whose rows follow the
-// first part's in the output segments. Runs after the PDL wait (mi_mmvq_blocks). What a virtual
-// block computes does not depend on which block runs it, so the grid size changes no bit.
+// first part's in the output segments.
 template <int T, int NT, bool GLU>
-__device__ __forceinline__ void mi_mmvq_block(int vb, const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1,
+__device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1,
                                               int64_t row_bytes, int row_off, int n_rows, int nchunks,
                                               const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out &os,
                                               int accumulate, int rpb) {
     __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_THREADS / 32][NT];
     const int tpr = MI_MMVQ_THREADS / rpb;
     const int j = threadIdx.x % tpr;
-    const int r = vb * rpb + threadIdx.x / tpr;
+    const int r = blockIdx.x * rpb + threadIdx.x / tpr;
     const int ra = r < n_rows ? mi_act_row(os, r) : r;
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows, os, row_off);
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
@@ -244,57 +239,29 @@ __device__ __forceinline__ void mi_mmvq_block(int vb, const uint8_t *__restrict_
         mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
     else if (j == 0 && r < n_rows)
         mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
-    if (os.yq) mi_group_quant<NT>(os, vb * rpb, rpb);
-}
-
-// The virtual blocks vb = blockIdx.x, + gridDim.x, ... of a launch whose grid may be smaller than
-// its n_vb virtual blocks (mi_mmvq_args.grid): every weight row of the block's share is
-// prefetched before the PDL wait, then the virtual blocks run in turn (a block barrier between
-// them: the epilogues' shared memory is reused). body(vb) runs one; rows(vb, prefetch) prefetches
-// one's rows.
-template <typename P, typename B>
-__device__ __forceinline__ void mi_mmvq_blocks(int n_vb, P prefetch, B body) {
-    for (int vb = blockIdx.x; vb < n_vb; vb += gridDim.x) prefetch(vb);
-    mi_pdl_wait();
-    mi_pdl_trigger();
-    for (int vb = blockIdx.x; vb < n_vb; vb += gridDim.x) {
-        if (vb != (int)blockIdx.x) __syncthreads();
-        body(vb);
-    }
+    if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
 }
 
 template <int T, int NT, bool GLU>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
                    int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate, int rpb) {
-    mi_mmvq_blocks(
-        (n_rows + rpb - 1) / rpb,
-        [&](int vb) { mi_mmvq_prefetch(w0, GLU ? w1 : nullptr, row_bytes, vb * rpb, rpb, n_rows, os); },
-        [&](int vb) { mi_mmvq_block<T, NT, GLU>(vb, w0, w1, row_bytes, 0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb); });
+    mi_mmvq_block<T, NT, GLU>(w0, w1, row_bytes, 0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
 }
 
 // Mixed q/k/v launch: virtual rows [0, n_rows0) are rows of w0 (type T0: q and k stacked), rows
 // [n_rows0, n_rows) rows of w1 (type T1: v), in one launch instead of two. n_rows0 is a multiple
-// of rpb, so each virtual block serves one part and runs that part's block-kernel body unchanged:
-// the same bits as the two launches (mi_cuda_mmvq_mixed).
+// of rpb, so each block serves one part and runs that part's block-kernel body unchanged: the
+// same bits as the two launches (mi_cuda_mmvq_mixed).
 template <int T0, int T1, int NT>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_mixed_kernel(const uint8_t *__restrict__ w0, int64_t row_bytes0, int n_rows0, const uint8_t *__restrict__ w1,
                          int64_t row_bytes1, int n_rows, int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb,
                          const mi_mmvq_out os, int accumulate, int rpb) {
-    mi_mmvq_blocks(
-        (n_rows + rpb - 1) / rpb,
-        [&](int vb) {
-            if (vb * rpb < n_rows0) mi_mmvq_prefetch(w0, nullptr, row_bytes0, vb * rpb, rpb, n_rows0, os);
-            else mi_mmvq_prefetch(w1, nullptr, row_bytes1, vb * rpb, rpb, n_rows, os, n_rows0);
-        },
-        [&](int vb) {
-            if (vb * rpb < n_rows0)
-                mi_mmvq_block<T0, NT, false>(vb, w0, nullptr, row_bytes0, 0, n_rows0, nchunks, xq, ldxb, os, accumulate, rpb);
-            else
-                mi_mmvq_block<T1, NT, false>(vb, w1, nullptr, row_bytes1, n_rows0, n_rows, nchunks, xq, ldxb, os, accumulate,
-                                             rpb);
-        });
+    if ((int)blockIdx.x * rpb < n_rows0)
+        mi_mmvq_block<T0, NT, false>(w0, nullptr, row_bytes0, 0, n_rows0, nchunks, xq, ldxb, os, accumulate, rpb);
+    else
+        mi_mmvq_block<T1, NT, false>(w1, nullptr, row_bytes1, n_rows0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
 }
 
 // Warp-per-row kernel (MI_CUDA_MMVQ=1 or 2; the block kernel above is the default): each warp owns one row, lane l takes
@@ -424,8 +391,8 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
                          (a.n_rows + MI_MMVQ_WARPS / a.warp - 1) / (MI_MMVQ_WARPS / a.warp), MI_MMVQ_WARPS * 32, s, a.w0,
                          a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.warp);
     else
-        return mi_launch(mi_mmvq_kernel<T, NT, GLU>, a.grid > 0 && a.grid < grid ? a.grid : grid, MI_MMVQ_THREADS, s, a.w0,
-                         a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
+        return mi_launch(mi_mmvq_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
+                         a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
 }
 
 template <int T, bool GLU> cudaError_t mi_launch_nt(int nt, const mi_mmvq_args &a, cudaStream_t s) {

@@ -7,8 +7,8 @@
 namespace {
 template <int T0, int T1, int NT>
 cudaError_t mi_mixed_one(const mi_mmvq_args &a, const uint8_t *w1, int64_t row_bytes1, int n_rows1, cudaStream_t s) {
-    const int n_rows = a.n_rows + n_rows1, n_vb = (n_rows + a.rpb - 1) / a.rpb;
-    return mi_launch(mi_mmvq_mixed_kernel<T0, T1, NT>, a.grid > 0 && a.grid < n_vb ? a.grid : n_vb, MI_MMVQ_THREADS, s, a.w0,
+    const int n_rows = a.n_rows + n_rows1;
+    return mi_launch(mi_mmvq_mixed_kernel<T0, T1, NT>, (n_rows + a.rpb - 1) / a.rpb, MI_MMVQ_THREADS, s, a.w0,
                      a.row_bytes, a.n_rows, w1, row_bytes1, n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate,
                      a.rpb);
 }
