@@ -51,6 +51,7 @@ struct mi_cuda_layer {
     int n_qkv;                         // launches for q, k, v: stacked same-typed neighbours
     mi_dtensor qkv_w[3];               // stacked matrices
     int qkv_first[3], qkv_count[3];    // which of q(0), k(1), v(2) each launch covers
+    bool qkv_mixed;                    // n_qkv == 2 run as one mixed launch (mi_cuda_mmvq_mixed)
     const float *attn_norm, *ffn_norm, *bq, *bk, *bv; // device f32, biases NULL when absent
 };
 
@@ -253,7 +254,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
         const bool fuse_rope = !gemm && c->rope_fuse;
         // Launch groups of q/k/v: the stacked groups (n_qkv), or one mixed-type launch over both
         // where there are two groups of different types (mi_cuda_mmvq_mixed: same bits, a launch less).
-        const bool mixed = !gemm && c->qkv_mixed && L->n_qkv == 2 && mi_cuda_mmvq_mixed_applies(&L->qkv_w[0], &L->qkv_w[1]);
+        const bool mixed = !gemm && L->qkv_mixed;
         const int n_launch = gemm ? 0 : mixed ? 1 : L->n_qkv;
         for (int gi = 0; gi < n_launch; gi++) {
             float *const ys[3] = {c->q, c->k, c->v};
@@ -584,11 +585,14 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
             }
         }
     }
-    for (int l = 0; c->qkv_mixed == 2 && l < d->n_layer; l++) { // forced: every two-group layer mixed
-        const mi_cuda_layer *G = &c->layers[l];
-        if (G->n_qkv == 2 && !mi_cuda_mmvq_mixed_applies(&G->qkv_w[0], &G->qkv_w[1]))
+    // Which layers run q/k/v as one mixed launch: decided once here, where the graphs are captured.
+    for (int l = 0; l < d->n_layer; l++) {
+        mi_cuda_layer *G = &c->layers[l];
+        const bool can = G->n_qkv == 2 && mi_cuda_mmvq_mixed_applies(&G->qkv_w[0], &G->qkv_w[1]);
+        if (c->qkv_mixed == 2 && G->n_qkv == 2 && !can) // forced: every two-group layer mixed
             MI_FAIL(mi_set_error(MI_ERR_ARG, "MI_CUDA_QKV_MIXED=1: layer %d's q/k/v (types %d + %d) have no mixed launch", l,
                                  G->qkv_w[0].type, G->qkv_w[1].type));
+        G->qkv_mixed = c->qkv_mixed && can;
     }
     // Arena: KV cache and scratch, sizes as the struct comments state.
     const int64_t E = d->n_embd, F = d->n_ff, HD = d->head_dim, QD = (int64_t)d->n_head * HD,
