@@ -58,6 +58,8 @@ class LLM:
         n_threads: CPU threads (0: all cores).
         spec_draft_n: draft tokens per speculative round (0..8).
         spec_adaptive: choose the draft depth each round.
+        n_ubatch: most tokens per forward; prompts are evaluated in chunks of it (as
+            llama-cpp-python's n_ubatch; default 512 on CUDA, 64 on the CPU).
 
     Raises:
         FileNotFoundError: no such model file.  KeyError: unknown model name.
@@ -67,12 +69,14 @@ class LLM:
 
     def __init__(self, model_path: str | Path | None = None, *, draft_model: str | Path | None = None,
                  device: str = "auto", n_ctx: int | None = None, n_threads: int = 0, spec_draft_n: int = 4,
-                 spec_adaptive: bool = False):
+                 spec_adaptive: bool = False, n_ubatch: int | None = None):
         from .engine import Model
         from .models import resolve_model
 
+        if n_ubatch is not None and (isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int)):
+            raise TypeError(f"n_ubatch must be an int or None, got {type(n_ubatch).__name__}")
         self.model_path = resolve_model(None if model_path is None else str(model_path))
-        self._model: Any = Model(self.model_path, device=device, n_ctx=n_ctx, n_threads=n_threads)
+        self._model: Any = Model(self.model_path, device=device, n_ctx=n_ctx, n_threads=n_threads, max_nt=n_ubatch)
         self._draft: Any = None
         try:
             if draft_model is not None:
@@ -81,7 +85,7 @@ class LLM:
                 if not 0 <= spec_draft_n <= MAX_DEPTH:
                     raise ValueError(f"spec_draft_n must be in 0..{MAX_DEPTH}, got {spec_draft_n}")
                 self._draft = Model(resolve_model(str(draft_model)), device=device, n_ctx=self._model.n_ctx,
-                                    n_threads=n_threads)
+                                    n_threads=n_threads, max_nt=n_ubatch)
                 check_draft(self._model, self._draft)
         except BaseException:
             self.close()

@@ -145,7 +145,8 @@ def main_bench(args: argparse.Namespace) -> int:
     from .models import resolve_model
 
     path = resolve_model(args.model)
-    max_nt = max(64, args.n_prompt if args.n_prompt <= 512 else 64)
+    # pp: the prompt in forwards of -ub rows, by default one of up to 512 (llama-bench's n_ubatch)
+    max_nt = args.ubatch_size or max(64, min(args.n_prompt, 512))
     need = max(args.n_prompt, args.depth + args.n_gen, 256 + 16 if args.verify_curve else 0) + 16
     if need > INT_MAX:  # the core's n_ctx is a C int
         raise ValueError(f"-p/-n/-d: these tests need {need} context positions, more than the core's {INT_MAX}")
@@ -154,7 +155,8 @@ def main_bench(args: argparse.Namespace) -> int:
     m = Model(path, device=args.device, n_ctx=args.ctx_size or max(need, 512), n_threads=args.threads, max_nt=max_nt)
     info = {"model": path.name, "size_GiB": m.gguf.weight_bytes / 2**30, "type": m.gguf.file_type, "device": m.device}
     if args.spec_draft:
-        d = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=m.n_ctx, n_threads=args.threads)
+        d = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=m.n_ctx, n_threads=args.threads,
+                  max_nt=args.ubatch_size)
         rows = bench_spec(m, d, args)
         _emit([{**info, **r} for r in rows], args.output)
         return 0

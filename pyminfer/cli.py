@@ -33,6 +33,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help=f"context size n_ctx, 1..{INT_MAX} (default min(4096, trained))")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
+                   help="most tokens per forward; prompts are evaluated in chunks of N (default 512 on CUDA, "
+                        "64 on the CPU)")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -61,14 +64,15 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     path = resolve_model(args.model)
     # a missing draft file is reported before the target's (slow) load
     draft_path = resolve_model(args.spec_draft) if getattr(args, "spec_draft", None) else None
-    model = Model(path, device=args.device, n_ctx=args.ctx_size, n_threads=args.threads)
+    model = Model(path, device=args.device, n_ctx=args.ctx_size, n_threads=args.threads, max_nt=args.ubatch_size)
     log(f"pyminfer: loaded {path.name} ({model.config.arch}, {model.gguf.file_type}, {model.device}) "
         f"in {model.load_time:.2f} s")
     draft = None
     if getattr(args, "spec_draft", None):
         from .spec import check_draft
 
-        draft = Model(draft_path, device=args.device, n_ctx=model.n_ctx, n_threads=args.threads)
+        draft = Model(draft_path, device=args.device, n_ctx=model.n_ctx, n_threads=args.threads,
+                      max_nt=args.ubatch_size)
         check_draft(model, draft)
         log(f"pyminfer: draft {draft.gguf.path.name} loaded in {draft.load_time:.2f} s")
     return model, draft
@@ -92,6 +96,8 @@ def _check_common(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads {args.threads} is more than 4x this machine's {ncpu} cores (0: all cores)")
     if args.ctx_size is not None and not 1 <= args.ctx_size <= INT_MAX:
         raise ValueError(f"-c/--ctx-size must be in 1..{INT_MAX}, got {args.ctx_size}")
+    if args.ubatch_size is not None and not 1 <= args.ubatch_size <= INT_MAX:
+        raise ValueError(f"-ub/--ubatch-size must be in 1..{INT_MAX}, got {args.ubatch_size}")
     if getattr(args, "n_predict", 0) < 0:  # run and chat; checked here so chat refuses it before loading
         raise ValueError("-n/--n-predict must be >= 0")
     for opt in ("system", "stop"):  # text options (--stop repeatable): UTF-8, as every input

@@ -21,6 +21,11 @@ from .gguf_model import GGUFModel
 from .tokenizer import Tokenizer
 
 INT_MAX = 2**31 - 1  # the native core's int arguments (n_ctx, max_nt, n_threads)
+# Default rows per native forward (prompts are prefilled in chunks of it), as llama.cpp's n_ubatch
+# on a GPU: one 512-row forward keeps the tensor cores busy (real 1.5B pp512 on the H200: 26.7k
+# tok/s in one forward, 12.6k in chunks of 64; docs/perf.md, session 10). The CPU gains nothing
+# from wide chunks and would hold n_vocab floats of logits scratch a row.
+DEFAULT_MAX_NT = {"cuda": 512, "cpu": 64}
 
 
 def resolve_device(device: str) -> int:
@@ -42,7 +47,8 @@ class Model:
     Args:
         path: GGUF file.  device: 'auto' (CUDA when visible), 'cuda' or 'cpu'.
         n_ctx: KV cache positions (default min(4096, n_ctx_train)).  n_threads: CPU threads
-        (0: all cores).  max_nt: most tokens per native forward (prefill is chunked to it).
+        (0: all cores).  max_nt: most tokens per native forward (prefill is chunked to it; default
+        DEFAULT_MAX_NT of the device: 512 on CUDA, 64 on the CPU; scratch memory grows with it).
         n_layer: use only the first n_layer blocks (a truncated self-draft; tests and experiments).
     Raises:
         FileNotFoundError, GGUFError (bad file / arch / type / contradictory metadata), ValueError (n_ctx < 1,
@@ -50,7 +56,7 @@ class Model:
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", n_ctx: int | None = None, n_threads: int = 0,
-                 max_nt: int = 64, n_layer: int | None = None):
+                 max_nt: int | None = None, n_layer: int | None = None):
         t0 = time.perf_counter()
         self.gguf = GGUFModel(path)
         self.config = self.gguf.config
@@ -66,7 +72,7 @@ class Model:
             raise ValueError(f"n_ctx must be in 1..{INT_MAX}, got {n_ctx}")
         if not 0 <= n_threads <= INT_MAX:
             raise ValueError(f"n_threads must be in 0..{INT_MAX} (0: all cores), got {n_threads}")
-        if not 1 <= max_nt <= INT_MAX:
+        if max_nt is not None and not 1 <= max_nt <= INT_MAX:
             raise ValueError(f"max_nt must be in 1..{INT_MAX}, got {max_nt}")
         if n_ctx > self.config.n_ctx_train:  # as llama.cpp: allowed, but quality degrades past it
             log(f"pyminfer: warning: n_ctx {n_ctx} is larger than the {self.config.n_ctx_train} positions "
@@ -74,6 +80,8 @@ class Model:
         self.n_ctx = n_ctx
         self.device_id = resolve_device(device)
         self.device = "cuda" if self.device_id == _core.DEVICE_CUDA else "cpu"
+        if max_nt is None:
+            max_nt = DEFAULT_MAX_NT[self.device]
         self.max_nt = max_nt
         self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(self.config.n_layer), n_ctx, max_nt, n_threads,
                                  self.device_id, keepalive=self.gguf)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pyminfer.api import LLM
 from pyminfer.engine import ContextFull, Model
 from pyminfer.generate import generate
 from pyminfer.gguf_model import GGUFError, GGUFModel
@@ -349,6 +350,8 @@ def test_tokenize_and_synth_report_corrupt_ggufs(tmp_path, smol_path):
     (["bench", "-p", "0", "-n", "2147483640"], "more than the core's 2147483647"),
     (["chat", "-n", "-5"], "-n/--n-predict must be >= 0"),
     (["chat", "-c", "99999999999"], "-c/--ctx-size must be in"),
+    (["run", "-p", "hi", "-ub", "0"], "-ub/--ubatch-size must be in 1..2147483647"),
+    (["bench", "-ub", "2147483648"], "-ub/--ubatch-size must be in 1..2147483647"),
 ])
 def test_int_options_refused_before_loading(smol_path, args, match):
     """Values past the core's C int once ended in OverflowError; chat -n -5 was refused only when
@@ -356,6 +359,26 @@ def test_int_options_refused_before_loading(smol_path, args, match):
     out = _cli(args[0], "-m", str(smol_path), "--device", "cpu", *args[1:], input=b"hi\n")
     err = _one_line_error(out, match)
     assert "loaded" not in err
+
+
+def test_ubatch_size(smol_path):
+    """-ub / n_ubatch / max_nt: the most tokens a forward takes (default 64 on the CPU); the CLI flag
+    reaches the model (a batch too small for the draft depth is refused, naming the flag), and a
+    prompt prefilled in chunks of 3 gives the same greedy text (CPU rows are bitwise across nt)."""
+    with Model(smol_path, device="cpu", n_ctx=64) as m:
+        assert m.max_nt == 64
+    llm = LLM(smol_path, device="cpu", n_ctx=64, n_ubatch=3)
+    try:
+        assert llm._model.max_nt == 3
+    finally:
+        llm.close()
+    with pytest.raises(TypeError, match="n_ubatch"):
+        LLM(smol_path, device="cpu", n_ubatch=3.0)
+    m = ["-m", str(smol_path), "--device", "cpu", "-p", "The capital of France is", "-n", "6", "--temp", "0"]
+    a, b = _cli("run", *m), _cli("run", *m, "-ub", "3")
+    assert a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and a.stdout.strip()
+    _one_line_error(_cli("run", *m, "-ub", "3", "--spec-draft", str(smol_path), "--spec-draft-n", "4"),
+                    "-ub/--ubatch-size) 3 is too small for 4 draft tokens")
 
 
 def test_model_n_ctx_past_int_max(smol_path):
