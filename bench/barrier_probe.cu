@@ -79,6 +79,34 @@ static float time_graph(cudaGraphExec_t ge, cudaStream_t s, int reps) {
     return t[t.size() / 2];
 }
 
+// Capture enqueue(s) as one graph, warm it, and return the median us per step over reps replays.
+template <typename F> static float us_per_step(cudaStream_t s, int steps, int reps, F enqueue) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    enqueue();
+    CK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    time_graph(ge, s, 3);
+    const float us = time_graph(ge, s, reps) * 1000.0f / steps;
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return us;
+}
+
+// Launch kernel(args...) on grid x threads with one launch attribute (or none: n_attr = 0).
+template <typename... P, typename... A>
+static void launch(void (*kernel)(P...), int grid, int threads, cudaStream_t s, cudaLaunchAttribute attr, int n_attr,
+                   A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = threads;
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = n_attr;
+    CK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
 int main() {
     const int steps = 200, reps = 21;
     float *a, *b;
@@ -98,57 +126,28 @@ int main() {
         for (int per_sm : {1, 2, 4}) {
             const int grid = sms * per_sm;
             if (threads * per_sm > 2048) continue;
+            cudaLaunchAttribute coop = {};
+            coop.id = cudaLaunchAttributeCooperative; // all blocks resident: the barrier cannot deadlock
+            coop.val.cooperative = 1;
             float us[2];
-            for (int work = 0; work < 2; work++) {
-                cudaGraph_t g;
-                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-                cudaLaunchAttribute at[1];
-                at[0].id = cudaLaunchAttributeCooperative;
-                at[0].val.cooperative = 1;
-                cudaLaunchConfig_t cfg = {};
-                cfg.gridDim = grid;
-                cfg.blockDim = threads;
-                cfg.stream = s;
-                cfg.attrs = at;
-                cfg.numAttrs = 1;
-                CK(cudaLaunchKernelEx(&cfg, persistent, a, b, steps, bar, bar + 32, work));
-                CK(cudaStreamEndCapture(s, &g));
-                cudaGraphExec_t ge;
-                CK(cudaGraphInstantiate(&ge, g, 0));
-                time_graph(ge, s, 3);
-                us[work] = time_graph(ge, s, reps) * 1000.0f / steps;
-                CK(cudaGraphExecDestroy(ge));
-                CK(cudaGraphDestroy(g));
-            }
+            for (int work = 0; work < 2; work++)
+                us[work] = us_per_step(s, steps, reps, [&] {
+                    launch(persistent, grid, threads, s, coop, 1, a, b, steps, bar, bar + 32, work);
+                });
             printf("barrier, %4d blocks x %4d threads %8.2f %8.2f\n", grid, threads, us[0], us[1]);
         }
     }
     for (int pdl = 0; pdl < 2; pdl++) {
         for (int grid : {1, sms, sms * 4, sms * 16}) {
+            cudaLaunchAttribute ser = {};
+            ser.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            ser.val.programmaticStreamSerializationAllowed = 1;
             float us[2];
-            for (int work = 0; work < 2; work++) {
-                cudaGraph_t g;
-                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-                for (int k = 0; k < steps; k++) {
-                    cudaLaunchAttribute at[1];
-                    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                    at[0].val.programmaticStreamSerializationAllowed = 1;
-                    cudaLaunchConfig_t cfg = {};
-                    cfg.gridDim = grid;
-                    cfg.blockDim = 128;
-                    cfg.stream = s;
-                    cfg.attrs = at;
-                    cfg.numAttrs = pdl;
-                    CK(cudaLaunchKernelEx(&cfg, one_step, k & 1 ? b : a, k & 1 ? a : b, work));
-                }
-                CK(cudaStreamEndCapture(s, &g));
-                cudaGraphExec_t ge;
-                CK(cudaGraphInstantiate(&ge, g, 0));
-                time_graph(ge, s, 3);
-                us[work] = time_graph(ge, s, reps) * 1000.0f / steps;
-                CK(cudaGraphExecDestroy(ge));
-                CK(cudaGraphDestroy(g));
-            }
+            for (int work = 0; work < 2; work++)
+                us[work] = us_per_step(s, steps, reps, [&] {
+                    for (int k = 0; k < steps; k++)
+                        launch(one_step, grid, 128, s, ser, pdl, k & 1 ? b : a, k & 1 ? a : b, work);
+                });
             printf("launch chain%s, %5d blocks x 128   %8.2f %8.2f\n", pdl ? " + PDL" : "      ", grid, us[0], us[1]);
         }
     }
