@@ -84,7 +84,10 @@ def bench_tg(m: Model, n: int, reps: int, depth: int = 0) -> list[float]:
     return out
 
 
-def verify_curve(m: Model, max_nt: int = 16, reps: int = 20, depth: int = 256) -> dict[int, float]:
+VERIFY_CURVE_NT = 16  # --verify-curve measures forwards of 1..16 tokens
+
+
+def verify_curve(m: Model, max_nt: int = VERIFY_CURVE_NT, reps: int = 20, depth: int = 256) -> dict[int, float]:
     """Median seconds of one nt-token forward (argmax of every row) at context depth ``depth``."""
     rng = np.random.default_rng(2)
     m.prefill(rng.integers(100, m.n_vocab - 100, depth).tolist(), 0, logits=False)

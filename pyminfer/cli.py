@@ -110,6 +110,9 @@ def _check_common(args: argparse.Namespace) -> None:
     from .spec import MAX_DEPTH
     if not 0 <= n <= MAX_DEPTH:
         raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {n}")
+    if getattr(args, "spec_draft", None) and args.ubatch_size is not None and args.ubatch_size < n + 1:
+        raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for --spec-draft-n {n}: "
+                         f"a verify forward takes {n + 1} tokens")
 
 
 def _check_arg_text(text: str, what: str) -> None:
@@ -236,6 +239,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _check_common(args)
     if args.repetitions < 1:
         raise ValueError("-r/--repetitions must be >= 1")
+    from .bench import VERIFY_CURVE_NT
+    from .spec import MAX_DEPTH
+    for on, rows, what in ((args.verify_curve, VERIFY_CURVE_NT, "--verify-curve"),
+                           (args.spec_draft, MAX_DEPTH + 1, "--spec-draft")):
+        if on and args.ubatch_size is not None and args.ubatch_size < rows:
+            raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for {what}: it runs forwards of "
+                             f"up to {rows} tokens")
     if args.n_prompt < 0 or args.n_gen < 0 or args.depth < 0:
         raise ValueError("-p, -n and -d/--depth must be >= 0")
     if not (args.n_prompt or args.n_gen or args.verify_curve or args.spec_draft):

@@ -48,11 +48,13 @@ class Model:
         path: GGUF file.  device: 'auto' (CUDA when visible), 'cuda' or 'cpu'.
         n_ctx: KV cache positions (default min(4096, n_ctx_train)).  n_threads: CPU threads
         (0: all cores).  max_nt: most tokens per native forward (prefill is chunked to it; default
-        DEFAULT_MAX_NT of the device: 512 on CUDA, 64 on the CPU; scratch memory grows with it).
+        DEFAULT_MAX_NT of the device, 512 on CUDA and 64 on the CPU, at most max(n_ctx, 16); scratch
+        memory grows with it).
         n_layer: use only the first n_layer blocks (a truncated self-draft; tests and experiments).
     Raises:
         FileNotFoundError, GGUFError (bad file / arch / type / contradictory metadata), ValueError (n_ctx < 1,
-        n_threads < 0, tokenizer ids outside the vocabulary), RuntimeError (device), MemoryError.
+        n_threads < 0, max_nt < 1, tokenizer ids outside the vocabulary), TypeError (max_nt not an int),
+        RuntimeError (device), MemoryError.
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", n_ctx: int | None = None, n_threads: int = 0,
@@ -72,6 +74,8 @@ class Model:
             raise ValueError(f"n_ctx must be in 1..{INT_MAX}, got {n_ctx}")
         if not 0 <= n_threads <= INT_MAX:
             raise ValueError(f"n_threads must be in 0..{INT_MAX} (0: all cores), got {n_threads}")
+        if max_nt is not None and (isinstance(max_nt, bool) or not isinstance(max_nt, (int, np.integer))):
+            raise TypeError(f"max_nt must be an int or None, got {type(max_nt).__name__}")
         if max_nt is not None and not 1 <= max_nt <= INT_MAX:
             raise ValueError(f"max_nt must be in 1..{INT_MAX}, got {max_nt}")
         if n_ctx > self.config.n_ctx_train:  # as llama.cpp: allowed, but quality degrades past it
@@ -80,9 +84,9 @@ class Model:
         self.n_ctx = n_ctx
         self.device_id = resolve_device(device)
         self.device = "cuda" if self.device_id == _core.DEVICE_CUDA else "cpu"
-        if max_nt is None:
-            max_nt = DEFAULT_MAX_NT[self.device]
-        self.max_nt = max_nt
+        if max_nt is None:  # no wider than the context (a verify batch of MAX_DEPTH + 1 rows must fit)
+            max_nt = min(DEFAULT_MAX_NT[self.device], max(n_ctx, 16))
+        self.max_nt = int(max_nt)
         self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(self.config.n_layer), n_ctx, max_nt, n_threads,
                                  self.device_id, keepalive=self.gguf)
         self.load_time = time.perf_counter() - t0

@@ -231,8 +231,8 @@ class SpecDecoder:
         if not 0 <= draft_n <= MAX_DEPTH:
             raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {draft_n}")
         if draft_n + 1 > target.max_nt:
-            raise ValueError(f"the target's batch size (max_nt, -ub/--ubatch-size) {target.max_nt} is too small for "
-                             f"{draft_n} draft tokens a round: a verify forward takes {draft_n + 1} tokens")
+            raise ValueError(f"the target's batch size max_nt (-ub/--ubatch-size, n_ubatch) {target.max_nt} is too "
+                             f"small for {draft_n} draft tokens a round: a verify forward takes {draft_n + 1} tokens")
         check_vocab_compat(target.tokenizer, draft.tokenizer)
         self.target, self.draft, self.sampler = target, draft, sampler
         self.draft_n = draft_n

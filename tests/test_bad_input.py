@@ -374,11 +374,24 @@ def test_ubatch_size(smol_path):
         llm.close()
     with pytest.raises(TypeError, match="n_ubatch"):
         LLM(smol_path, device="cpu", n_ubatch=3.0)
+    for bad, err in ((True, TypeError), (2.0, TypeError), (0, ValueError)):
+        with pytest.raises(err, match="max_nt"):
+            Model(smol_path, device="cpu", n_ctx=64, max_nt=bad)
+    with pytest.raises(ValueError, match="n_ubatch must be >= 1"):
+        LLM(smol_path, device="cpu", n_ubatch=-1)
+    with pytest.raises(ValueError, match="n_ubatch 3 is too small for spec_draft_n 4"):
+        LLM(smol_path, device="cpu", draft_model=smol_path, n_ubatch=3)
     m = ["-m", str(smol_path), "--device", "cpu", "-p", "The capital of France is", "-n", "6", "--temp", "0"]
     a, b = _cli("run", *m), _cli("run", *m, "-ub", "3")
     assert a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and a.stdout.strip()
-    _one_line_error(_cli("run", *m, "-ub", "3", "--spec-draft", str(smol_path), "--spec-draft-n", "4"),
-                    "-ub/--ubatch-size) 3 is too small for 4 draft tokens")
+    # refused before loading, naming the flag (serve too: not at every request)
+    for cmd in ("run", "serve"):
+        err = _one_line_error(_cli(cmd, *m[:4], "-ub", "3", "--spec-draft", str(smol_path), "--spec-draft-n", "4"),
+                              "-ub/--ubatch-size 3 is too small for --spec-draft-n 4")
+        assert "loaded" not in err
+    for extra in (["--verify-curve"], ["--spec-draft", str(smol_path)]):
+        err = _one_line_error(_cli("bench", *m[:4], "-ub", "8", "-r", "1", *extra), "-ub/--ubatch-size 8 is too small")
+        assert "loaded" not in err
 
 
 def test_model_n_ctx_past_int_max(smol_path):

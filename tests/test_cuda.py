@@ -621,8 +621,9 @@ def test_prefill_attention_within_tolerance(shape, P, nt, monkeypatch):
     one tensor-core block per 16 rows and head, each row masked at its own position): within NMSE
     1e-6 of the decode kernels (=0), 1e-4 of the CPU (the GEMMs), after P cached positions (a
     partial last 16-row tile; 64 rows = 4 tiles whose slot ranges differ). mha_hd256 has no prefill
-    kernel and must equal =0 bitwise (the fallback). (That the kernel runs and is right on its own:
-    test_prefill_attention_kernel; here its ~1e-7 differences often vanish in the GEMM's f16.)"""
+    kernel and must equal =0 bitwise (the fallback); the others differ from =0 at 40 rows (smaller
+    cases may not: the kernel's ~1e-7 differences can vanish in the GEMM's f16). That the kernel is
+    right on its own: test_prefill_attention_kernel."""
     model, prompt, _ = attn_case(shape, 31, P + nt, 31)
     V = SMALL["n_vocab"]
     head, batch = prompt[:P], prompt[P:]
@@ -638,6 +639,8 @@ def test_prefill_attention_within_tolerance(shape, P, nt, monkeypatch):
     assert np.std(lc) > 0.1
     if shape == "mha_hd256":
         assert np.array_equal(out[0], out[1])
+    elif (P, nt) == (0, 40):  # the kernel ran (differed on the H200 for every layout here; fixed seeds)
+        assert not np.array_equal(out[0], out[1])
     assert nmse(out[1], out[0]) < 1e-6, nmse(out[1], out[0])
     assert nmse(out[1], lc) < 1e-4, nmse(out[1], lc)  # the GEMMs round x and W to f16
 

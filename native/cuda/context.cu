@@ -254,7 +254,9 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
         const bool fuse_rope = !gemm && c->rope_fuse;
         // Launch groups of q/k/v: the stacked groups (n_qkv), or one mixed-type launch over both
         // where there are two groups of different types (mi_cuda_mmvq_mixed: same bits, a launch less).
-        const bool mixed = !gemm && L->qkv_mixed;
+        // (re-checked: MI_CUDA_MMVQ is read at every call, and a forward without graphs may see a
+        // value set after the context was made; then the layer falls back to two launches)
+        const bool mixed = !gemm && L->qkv_mixed && mi_cuda_mmvq_mixed_applies(&L->qkv_w[0], &L->qkv_w[1]);
         const int n_launch = gemm ? 0 : mixed ? 1 : L->n_qkv;
         for (int gi = 0; gi < n_launch; gi++) {
             float *const ys[3] = {c->q, c->k, c->v};
