@@ -27,15 +27,14 @@ def _model_help() -> str:
             "fetched into the cache)")
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 64 on the CPU") -> None:
     p.add_argument("-m", "--model", default=None, help=_model_help())
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help=f"context size n_ctx, 1..{INT_MAX} (default min(4096, trained))")
     p.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
-                   help="most tokens per forward; prompts are evaluated in chunks of N (default 512 on CUDA, "
-                        "64 on the CPU)")
+                   help=f"most tokens per forward; prompts are evaluated in chunks of N (default {ub_default})")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -301,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tokenize)
 
     b = sub.add_parser("bench", help="prefill / decode throughput (llama-bench style)")
-    _add_model_args(b)
+    _add_model_args(b, ub_default="the prompt, 64..512")
     b.add_argument("-p", "--n-prompt", type=int, default=512)
     b.add_argument("-n", "--n-gen", type=int, default=128,
                    help="tokens to generate (>= 2 with --spec-draft; default: %(default)s)")
