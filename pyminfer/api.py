@@ -73,23 +73,24 @@ class LLM:
         from .engine import Model
         from .models import resolve_model
 
+        from .spec import MAX_DEPTH, check_draft
+
+        # settings first: a bad one is refused before any (slow) load
         if n_ubatch is not None and (isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int)):
             raise TypeError(f"n_ubatch must be an int or None, got {type(n_ubatch).__name__}")
         if n_ubatch is not None and n_ubatch < 1:
             raise ValueError(f"n_ubatch must be >= 1, got {n_ubatch}")
-        if draft_model is not None and n_ubatch is not None and isinstance(spec_draft_n, int) and \
-                n_ubatch < spec_draft_n + 1:  # checked before loading (spec_draft_n's range: below)
-            raise ValueError(f"n_ubatch {n_ubatch} is too small for spec_draft_n {spec_draft_n}: a verify forward "
-                             f"takes {spec_draft_n + 1} tokens")
+        if draft_model is not None:
+            if not 0 <= spec_draft_n <= MAX_DEPTH:
+                raise ValueError(f"spec_draft_n must be in 0..{MAX_DEPTH}, got {spec_draft_n}")
+            if n_ubatch is not None and n_ubatch < spec_draft_n + 1:
+                raise ValueError(f"n_ubatch {n_ubatch} is too small for spec_draft_n {spec_draft_n}: a verify "
+                                 f"forward takes {spec_draft_n + 1} tokens")
         self.model_path = resolve_model(None if model_path is None else str(model_path))
         self._model: Any = Model(self.model_path, device=device, n_ctx=n_ctx, n_threads=n_threads, max_nt=n_ubatch)
         self._draft: Any = None
         try:
             if draft_model is not None:
-                from .spec import MAX_DEPTH, check_draft
-
-                if not 0 <= spec_draft_n <= MAX_DEPTH:
-                    raise ValueError(f"spec_draft_n must be in 0..{MAX_DEPTH}, got {spec_draft_n}")
                 self._draft = Model(resolve_model(str(draft_model)), device=device, n_ctx=self._model.n_ctx,
                                     n_threads=n_threads, max_nt=n_ubatch)
                 check_draft(self._model, self._draft)

@@ -22,9 +22,9 @@ from .tokenizer import Tokenizer
 
 INT_MAX = 2**31 - 1  # the native core's int arguments (n_ctx, max_nt, n_threads)
 # Default rows per native forward (prompts are prefilled in chunks of it), as llama.cpp's n_ubatch
-# on a GPU: one 512-row forward keeps the tensor cores busy (real 1.5B pp512 on the H200: 26.7k
-# tok/s in one forward, 12.6k in chunks of 64; docs/perf.md, session 10). The CPU gains nothing
-# from wide chunks and would hold n_vocab floats of logits scratch a row.
+# on a GPU: one 512-row forward keeps the tensor cores busy (synthetic 1.5B shape on the H200:
+# 26.7k tok/s in one 512-row forward, 12.6k in chunks of 64; docs/perf.md, session 10). The CPU
+# gains nothing from wide chunks and would hold n_vocab floats of logits scratch a row.
 DEFAULT_MAX_NT = {"cuda": 512, "cpu": 64}
 
 
@@ -84,7 +84,7 @@ class Model:
         self.n_ctx = n_ctx
         self.device_id = resolve_device(device)
         self.device = "cuda" if self.device_id == _core.DEVICE_CUDA else "cpu"
-        if max_nt is None:  # no wider than the context (a verify batch of MAX_DEPTH + 1 rows must fit)
+        if max_nt is None:  # no wider than the context, but >= 16: a verify batch (<= 9 rows) must fit
             max_nt = min(DEFAULT_MAX_NT[self.device], max(n_ctx, 16))
         self.max_nt = int(max_nt)
         self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(self.config.n_layer), n_ctx, max_nt, n_threads,

@@ -51,7 +51,6 @@ struct mi_cuda_layer {
     int n_qkv;                         // launches for q, k, v: stacked same-typed neighbours
     mi_dtensor qkv_w[3];               // stacked matrices
     int qkv_first[3], qkv_count[3];    // which of q(0), k(1), v(2) each launch covers
-    bool qkv_mixed;                    // n_qkv == 2 run as one mixed launch (mi_cuda_mmvq_mixed)
     const float *attn_norm, *ffn_norm, *bq, *bk, *bv; // device f32, biases NULL when absent
 };
 
@@ -83,7 +82,8 @@ struct mi_cuda_ctx {
     // layer that cannot take it (tests: proves the mixed launch ran).
     int qkv_mixed;
     // Forwards on the GEMM path (nt >= MI_MMQ_MIN_NT: prompt chunks) take the prefill attention
-    // (mi_cuda_attention_prefill) where it applies (1); MI_CUDA_ATTN_PREFILL=0: the decode kernels.
+    // (mi_cuda_attention_prefill) where it applies to the head layout and every wo has a GEMM
+    // kernel (1); MI_CUDA_ATTN_PREFILL=0: the decode kernels.
     int attn_prefill;
     // MI_CUDA_SKIP=attn,norm,...: op kinds (mi_skip_names) left out of every forward. Timing only
     // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
@@ -254,9 +254,8 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
         const bool fuse_rope = !gemm && c->rope_fuse;
         // Launch groups of q/k/v: the stacked groups (n_qkv), or one mixed-type launch over both
         // where there are two groups of different types (mi_cuda_mmvq_mixed: same bits, a launch less).
-        // (re-checked: MI_CUDA_MMVQ is read at every call, and a forward without graphs may see a
-        // value set after the context was made; then the layer falls back to two launches)
-        const bool mixed = !gemm && L->qkv_mixed && mi_cuda_mmvq_mixed_applies(&L->qkv_w[0], &L->qkv_w[1]);
+        // (Decided here, at capture or per ungraphed forward: MI_CUDA_MMVQ is read at every call.)
+        const bool mixed = !gemm && c->qkv_mixed && L->n_qkv == 2 && mi_cuda_mmvq_mixed_applies(&L->qkv_w[0], &L->qkv_w[1]);
         const int n_launch = gemm ? 0 : mixed ? 1 : L->n_qkv;
         for (int gi = 0; gi < n_launch; gi++) {
             float *const ys[3] = {c->q, c->k, c->v};
@@ -297,10 +296,9 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                                s));
         if (gemm && c->attn_prefill) {
             // Prompt chunks: one tensor-core block per 16 rows and head (the GEMM path's tolerance);
-            // its output is f32 only, which the GEMM reads; a wo without a GEMM kernel needs q8a.
+            // its output is f32 only, which wo's GEMM reads (attn_prefill: every wo has one).
             MI_RUNK(MI_P_ATTN, mi_cuda_attention_prefill(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
                                                          c->att, s));
-            if (!mi_cuda_mmq_applies(L->wo.type, QD, nt)) MI_RUNK(MI_P_ATTN, mi_cuda_quantize(c->att, nt, QD, c->xq, s));
         } else if (regime & 1)
             MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
                                                  c->attn_splits, c->attn_group, 0, c->attn_mma_from, INT_MAX, c->part,
@@ -587,14 +585,13 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
             }
         }
     }
-    // Which layers run q/k/v as one mixed launch: decided once here, where the graphs are captured.
     for (int l = 0; l < d->n_layer; l++) {
-        mi_cuda_layer *G = &c->layers[l];
-        const bool can = G->n_qkv == 2 && mi_cuda_mmvq_mixed_applies(&G->qkv_w[0], &G->qkv_w[1]);
-        if (c->qkv_mixed == 2 && G->n_qkv == 2 && !can) // forced: every two-group layer mixed
+        const mi_cuda_layer *G = &c->layers[l];
+        if (c->qkv_mixed == 2 && G->n_qkv == 2 && !mi_cuda_mmvq_mixed_applies(&G->qkv_w[0], &G->qkv_w[1]))
             MI_FAIL(mi_set_error(MI_ERR_ARG, "MI_CUDA_QKV_MIXED=1: layer %d's q/k/v (types %d + %d) have no mixed launch", l,
                                  G->qkv_w[0].type, G->qkv_w[1].type));
-        G->qkv_mixed = c->qkv_mixed && can;
+        // The prefill attention writes f32 only: every wo must take the GEMM (which reads f32).
+        if (!mi_cuda_mmq_applies(G->wo.type, G->wo.n_cols, MI_MMQ_MIN_NT)) c->attn_prefill = 0;
     }
     // Arena: KV cache and scratch, sizes as the struct comments state.
     const int64_t E = d->n_embd, F = d->n_ff, HD = d->head_dim, QD = (int64_t)d->n_head * HD,
