@@ -32,6 +32,10 @@ cdef extern from "pyminfer.h" nogil:
     int mi_gpu_replay_ms(mi_ctx *ctx, int32_t nt, int32_t reps, float *ms)
     int mi_forward(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
                    int32_t n_out, float *logits, int32_t *argmax)
+    int mi_forward_submit(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt,
+                          const int32_t *out_rows, int32_t n_out)
+    int mi_forward_ready(mi_ctx *ctx)
+    int mi_forward_wait(mi_ctx *ctx, int32_t *argmax)
     int mi_dequantize(int32_t type, const void *src, int64_t n_rows, int64_t n_cols, float *dst)
     int mi_op_matmul(int32_t device, int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                      int32_t nt, float *y, int32_t n_threads)

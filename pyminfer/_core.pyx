@@ -108,6 +108,7 @@ cdef class Context:
     cdef readonly int device
     cdef object _keepalive
     cdef object _lock  # one forward at a time: the context's scratch and KV cache are shared state
+    cdef int _pend_n_out  # out rows of the submitted forward (forward_submit)
 
     def __cinit__(self, dict cfg, dict tensors, int n_ctx, int max_nt, int n_threads, int device, object keepalive=None):
         cdef mi_model_desc d
@@ -202,6 +203,53 @@ cdef class Context:
             c = self._open()
             with nogil:
                 rc = mi_forward(c, &tokens[0], &pos[0], nt, rp, n_out, lp, ap)
+        _check(rc)
+
+    def forward_submit(self, const int32_t[::1] tokens, const int32_t[::1] pos, const int32_t[::1] out_rows) -> None:
+        """Queue the forward ``forward`` would run (argmax of ``out_rows`` only) and return without
+        waiting: a CUDA context computes on its own stream meanwhile, so another context's forwards
+        (the draft's, in speculative decoding) can overlap it. A CPU context computes here. Then
+        ``forward_ready`` polls and ``forward_wait`` collects the argmax. One forward in flight per
+        context: another call before the wait raises NativeError. Same argument errors as forward.
+        """
+        cdef int nt = tokens.shape[0]
+        cdef int n_out = out_rows.shape[0]
+        if pos.shape[0] != nt:
+            raise ValueError("tokens and pos differ in length")
+        if nt == 0:
+            raise ValueError("empty token batch")
+        cdef const int32_t *rp = &out_rows[0] if n_out > 0 else NULL
+        cdef int rc
+        cdef mi_ctx *c
+        with self._lock:
+            c = self._open()
+            with nogil:
+                rc = mi_forward_submit(c, &tokens[0], &pos[0], nt, rp, n_out)
+            _check(rc)
+            self._pend_n_out = n_out
+
+    def forward_ready(self) -> bool:
+        """Whether the submitted forward has finished (True with none in flight). Does not block."""
+        cdef int rc
+        with self._lock:
+            rc = mi_forward_ready(self._open())
+        _check(rc if rc < 0 else 0)
+        return rc == 1
+
+    def forward_wait(self, int32_t[::1] argmax=None) -> None:
+        """Wait for the submitted forward; write its argmax ids (int32, one per out row) into
+        ``argmax`` when given. NativeError when nothing was submitted."""
+        cdef int32_t *ap = NULL
+        cdef int rc
+        cdef mi_ctx *c
+        with self._lock:
+            c = self._open()
+            if argmax is not None and self._pend_n_out > 0:
+                if argmax.shape[0] < self._pend_n_out:
+                    raise ValueError(f"argmax buffer too small: {argmax.shape[0]} < {self._pend_n_out} out rows")
+                ap = &argmax[0]
+            with nogil:
+                rc = mi_forward_wait(c, ap)
         _check(rc)
 
     def gpu_replay_ms(self, int nt, int reps=100) -> float:

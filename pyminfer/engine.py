@@ -91,6 +91,7 @@ class Model:
                                  self.device_id, keepalive=self.gguf)
         self.load_time = time.perf_counter() - t0
         self._argmax_buf = np.zeros(max_nt, np.int32)
+        self._pend_rows = 0  # out rows of the submitted forward (submit / wait)
 
     @property
     def weight_bytes(self) -> int:
@@ -137,6 +138,31 @@ class Model:
             return out
         am = np.empty(len(rows), np.int32)
         self.ctx.forward(tk, pos, rows, None, am)
+        return am
+
+    def submit(self, tokens: Sequence[int], start: int, out_rows: Sequence[int]) -> None:
+        """Start the forward ``forward(tokens, start, out_rows, logits=False)`` would run and return
+        without waiting (CUDA: on this model's own stream, so another model's forwards overlap it;
+        CPU: computed now). Collect it with ``wait``; ``ready`` polls. One forward in flight.
+        Raises ContextFull past n_ctx, ValueError for a batch over max_nt, NativeError when a
+        submitted forward has not been waited for.
+        """
+        n = len(tokens)
+        if n > self.max_nt:
+            raise ValueError(f"batch of {n} tokens exceeds max_nt={self.max_nt}")
+        self._check_span(n, start)
+        self.ctx.forward_submit(np.asarray(tokens, dtype=np.int32), np.arange(start, start + n, dtype=np.int32),
+                                np.asarray(out_rows, dtype=np.int32))
+        self._pend_rows = len(out_rows)  # only once submitted: a refused submit leaves the pending one
+
+    def ready(self) -> bool:
+        """Whether the submitted forward has finished (never blocks)."""
+        return bool(self.ctx.forward_ready())
+
+    def wait(self) -> np.ndarray:
+        """Wait for the submitted forward; its int32 argmax ids [len(out_rows)]."""
+        am = np.empty(self._pend_rows, np.int32)
+        self.ctx.forward_wait(am)
         return am
 
     def prefill(self, tokens: Sequence[int], start: int, *, logits: bool = True) -> np.ndarray:

@@ -737,6 +737,42 @@ def test_out_rows_subset_and_argmax_only():
     assert 0 <= am3[0] < V
 
 
+@pytest.mark.parametrize("graphs", [True, False])
+def test_submitted_forwards_overlap_and_match(graphs):
+    """Two contexts with forwards in flight together (the speculative loop's draft steps under the
+    target's verify) give the argmax ids each gives alone; one forward in flight per context."""
+    V = SMALL["n_vocab"]
+    a_model, b_model = small_model(21), small_model(22, n_layer=1)
+    prompt = [5, 9, 2, 7, 11, 3]
+    ref_a, ref_b = make_ctx(a_model, 1, graphs=graphs), make_ctx(b_model, 1, graphs=graphs)
+    A, B = make_ctx(a_model, 1, graphs=graphs), make_ctx(b_model, 1, graphs=graphs)
+    for c in (ref_a, ref_b, A, B):
+        prefill_chunks(c, prompt, V)
+    batch = [4, 8, 1, 6, 2]
+    pos = list(range(len(prompt), len(prompt) + len(batch)))
+    _, want_a = run(ref_a, batch, pos, V)
+    _, want_b = session(ref_b, prompt, 4, V)
+    rows = np.arange(len(batch), dtype=np.int32)
+    A.forward_submit(np.array(batch, np.int32), np.array(pos, np.int32), rows)
+    with pytest.raises(core.NativeError, match="not been waited"):
+        A.forward(np.array([1], np.int32), np.array([0], np.int32), np.zeros(1, np.int32), None, np.zeros(1, np.int32))
+    with pytest.raises(core.NativeError, match="not been waited"):
+        A.forward_submit(np.array([1], np.int32), np.array([0], np.int32), np.zeros(1, np.int32))
+    got_b = [int(want_b[0])]
+    for i in range(4):  # B's steps while A's batch may still run
+        _, am = run(B, [got_b[-1]], [len(prompt) + i], V)
+        got_b.append(int(am[0]))
+    A.forward_ready()
+    am = np.full(len(batch), -1, np.int32)
+    with pytest.raises(ValueError, match="too small"):
+        A.forward_wait(np.zeros(2, np.int32))
+    A.forward_wait(am)
+    assert A.forward_ready()
+    assert list(am) == list(want_a) and got_b == list(want_b)
+    with pytest.raises(core.NativeError, match="no submitted forward"):
+        A.forward_wait(am)
+
+
 def test_context_full_and_oom_errors():
     model = small_model(6)
     ctx = make_ctx(model, 1, n_ctx=8)

@@ -135,3 +135,24 @@ def test_no_drafting_past_max_tokens(smol, smol_draft):
     res = generate(smol, ids, SamplingParams(temperature=0), 5, draft=smol_draft, spec_draft_n=7)
     assert res.generated_ids == generate(smol, ids, SamplingParams(temperature=0), 5).generated_ids
     assert res.spec["drafted"] <= 4  # 1 token from the prefill, then at most 4 more to draft
+
+
+def test_submit_wait_matches_forward(smol_path):
+    """Model.submit / wait (the asynchronous forward bench/overlap_probe.py overlaps two models
+    with) returns forward's argmax; one forward in flight; a wait needs a submit."""
+    from pyminfer._core import NativeError
+
+    with Model(smol_path, device="cpu", n_ctx=32, n_layer=2) as m:
+        ids = m.tokenizer.encode("def add(a, b):")
+        want = m.forward(ids, 0, [len(ids) - 1, 0], logits=False)
+        m.submit(ids, 0, [len(ids) - 1, 0])
+        assert m.ready()
+        with pytest.raises(NativeError, match="not been waited"):
+            m.forward(ids, 0, [0], logits=False)
+        with pytest.raises(NativeError, match="not been waited"):
+            m.submit(ids, 0, [0])
+        assert list(m.wait()) == list(want)
+        with pytest.raises(NativeError, match="no submitted forward"):
+            m.wait()
+        with pytest.raises(ValueError, match="exceed the context"):
+            m.submit(ids, 30, [0])

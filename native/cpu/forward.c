@@ -34,6 +34,9 @@ struct mi_ctx {
     float *logits_tmp;    /* [logits_cap][n_vocab] when the caller wants argmax only; grown on demand */
     int32_t logits_cap;
     mi_block_q8a *xq;     /* [max_nt][max(n_embd, n_ff, q_dim)/32] quantized activations */
+    int32_t pending;      /* a submitted forward not yet waited for (mi_forward_submit) */
+    int32_t pend_n_out;
+    int32_t *pend_argmax; /* [max_nt] the CPU's submitted forward's argmax ids */
 #ifdef MI_HAS_CUDA
     mi_cuda_ctx *cuda;
 #endif
@@ -145,6 +148,7 @@ int mi_ctx_create(const mi_model_desc *desc, int32_t n_ctx, int32_t max_nt, int3
     c->rope_cs = xalloc((size_t)max_nt * d->head_dim * 4, &fail);
     c->scores = xalloc((size_t)c->n_threads * n_ctx * 4, &fail);
     c->xq = xalloc((size_t)max_nt * (widest / 32) * sizeof(mi_block_q8a), &fail);
+    c->pend_argmax = xalloc((size_t)max_nt * sizeof(int32_t), &fail);
     if (fail) {
         mi_ctx_free(c);
         return mi_set_error(MI_ERR_OOM, "out of memory allocating the context (KV cache %zu MiB for n_ctx %d)",
@@ -161,6 +165,7 @@ void mi_ctx_free(mi_ctx *c) {
 #endif
     free(c->kv_k); free(c->kv_v); free(c->x); free(c->xn); free(c->tmp); free(c->q); free(c->att); free(c->k);
     free(c->v); free(c->gate); free(c->up); free(c->rope_cs); free(c->scores); free(c->logits_tmp); free(c->xq);
+    free(c->pend_argmax);
     free(c->layers);
     free(c);
 }
@@ -194,9 +199,49 @@ int mi_gpu_replay_ms(mi_ctx *c, int32_t nt, int32_t reps, float *ms) {
     return mi_set_error(MI_ERR_ARG, "GPU replay timing needs a CUDA context");
 }
 
-int mi_forward(mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows, int32_t n_out,
-               float *logits, int32_t *argmax) {
+static int check_batch(const mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
+                       int32_t n_out);
+static int forward_now(mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
+                       int32_t n_out, float *logits, int32_t *argmax);
+
+int mi_forward_submit(mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
+                      int32_t n_out) {
     if (!c) return mi_set_error(MI_ERR_ARG, "null context");
+    int rc = check_batch(c, tokens, pos, nt, out_rows, n_out);
+    if (rc) return rc;
+#ifdef MI_HAS_CUDA
+    if (c->device == MI_DEVICE_CUDA) return mi_cuda_forward_submit(c->cuda, tokens, pos, nt, out_rows, n_out, 1);
+#endif
+    if (c->pending) return mi_set_error(MI_ERR_ARG, "a submitted forward has not been waited for");
+    rc = forward_now(c, tokens, pos, nt, out_rows, n_out, NULL, c->pend_argmax);
+    if (rc) return rc;
+    c->pending = 1;
+    c->pend_n_out = n_out;
+    return MI_OK;
+}
+
+int mi_forward_ready(mi_ctx *c) {
+    if (!c) return mi_set_error(MI_ERR_ARG, "null context");
+#ifdef MI_HAS_CUDA
+    if (c->device == MI_DEVICE_CUDA) return mi_cuda_forward_ready(c->cuda);
+#endif
+    return 1;
+}
+
+int mi_forward_wait(mi_ctx *c, int32_t *argmax) {
+    if (!c) return mi_set_error(MI_ERR_ARG, "null context");
+#ifdef MI_HAS_CUDA
+    if (c->device == MI_DEVICE_CUDA) return mi_cuda_forward_wait(c->cuda, NULL, argmax);
+#endif
+    if (!c->pending) return mi_set_error(MI_ERR_ARG, "no submitted forward to wait for");
+    c->pending = 0;
+    if (argmax && c->pend_n_out > 0) memcpy(argmax, c->pend_argmax, (size_t)c->pend_n_out * sizeof(int32_t));
+    return MI_OK;
+}
+
+/* The checks every forward makes before touching the context. */
+static int check_batch(const mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
+                       int32_t n_out) {
     const mi_model_desc *d = &c->d;
     if (nt < 1 || nt > c->max_nt) return mi_set_error(MI_ERR_ARG, "nt %d out of range 1..%d", nt, c->max_nt);
     if (n_out < 0 || n_out > nt) return mi_set_error(MI_ERR_ARG, "n_out %d out of range 0..%d", n_out, nt);
@@ -212,9 +257,25 @@ int mi_forward(mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
     }
     for (int j = 0; j < n_out; j++)
         if (out_rows[j] < 0 || out_rows[j] >= nt) return mi_set_error(MI_ERR_ARG, "out row %d out of range", out_rows[j]);
+    return MI_OK;
+}
+
+int mi_forward(mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows, int32_t n_out,
+               float *logits, int32_t *argmax) {
+    if (!c) return mi_set_error(MI_ERR_ARG, "null context");
+    const int rc = check_batch(c, tokens, pos, nt, out_rows, n_out);
+    if (rc) return rc;
 #ifdef MI_HAS_CUDA
     if (c->device == MI_DEVICE_CUDA) return mi_cuda_forward(c->cuda, tokens, pos, nt, out_rows, n_out, logits, argmax);
 #endif
+    if (c->pending) return mi_set_error(MI_ERR_ARG, "a submitted forward has not been waited for");
+    return forward_now(c, tokens, pos, nt, out_rows, n_out, logits, argmax);
+}
+
+/* The CPU forward itself (arguments checked). */
+static int forward_now(mi_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
+                       int32_t n_out, float *logits, int32_t *argmax) {
+    const mi_model_desc *d = &c->d;
     const int64_t E = d->n_embd, F = d->n_ff, HD = d->head_dim, QD = (int64_t)d->n_head * HD, KD = c->kv_dim;
     const int nth = c->n_threads;
     const float att_scale = 1.0f / sqrtf((float)HD);

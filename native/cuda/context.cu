@@ -104,6 +104,9 @@ struct mi_cuda_ctx {
     // switch (default MI_ATTN_MMA_FROM where the kernel applies, else never).
     int attn_mma_from;
     int last_regime; // regime (mi_regime) of the last forward: the graph mi_cuda_replay_ms replays
+    int pending;     // a submitted forward not yet waited for (mi_cuda_forward_submit)
+    int pend_n_out;  // its out rows, and whether their argmax is being copied to h_ints
+    int pend_argmax;
     float *amax_v;         // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (value)
     int32_t *amax_i;       // [max_nt][MI_ARGMAX_BLOCKS] argmax candidates (index)
     int32_t *amax_cnt;     // [max_nt] argmax block counters (kept zero between launches)
@@ -676,9 +679,12 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     return MI_OK;
 }
 
-extern "C" int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
-                               const int32_t *out_rows, int32_t n_out, float *logits, int32_t *argmax) {
+extern "C" int mi_cuda_forward_submit(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
+                                      const int32_t *out_rows, int32_t n_out, int32_t want_argmax) {
+    if (c->pending) return mi_set_error(MI_ERR_ARG, "a submitted forward has not been waited for");
     const int M = c->max_nt;
+    // h_ints is pinned: the copies below are truly asynchronous, and nothing writes h_ints again
+    // before the wait (one forward in flight per context).
     memcpy(c->h_ints, tokens, nt * 4);
     memcpy(c->h_ints + M, pos, nt * 4);
     if (n_out) memcpy(c->h_ints + 2 * M, out_rows, n_out * 4);
@@ -693,9 +699,27 @@ extern "C" int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int3
         const int rc = mi_enqueue(c, nt, 0, n_out, regime);
         if (rc) return rc;
     }
-    if (n_out > 0 && argmax)
+    if (n_out > 0 && want_argmax)
         MI_CUDA_TRY(cudaMemcpyAsync(c->h_ints + 3 * M + 1, c->ints + 3 * M + 1, (size_t)n_out * 4, cudaMemcpyDeviceToHost,
                                     c->stream));
+    c->pending = 1;
+    c->pend_n_out = n_out;
+    c->pend_argmax = n_out > 0 && want_argmax;
+    return MI_OK;
+}
+
+extern "C" int mi_cuda_forward_ready(mi_cuda_ctx *c) {
+    if (!c->pending) return 1;
+    const cudaError_t e = cudaStreamQuery(c->stream);
+    if (e == cudaSuccess) return 1;
+    if (e == cudaErrorNotReady) return 0;
+    return mi_set_error(MI_ERR_CUDA, "CUDA error: %s", cudaGetErrorString(e));
+}
+
+extern "C" int mi_cuda_forward_wait(mi_cuda_ctx *c, float *logits, int32_t *argmax) {
+    if (!c->pending) return mi_set_error(MI_ERR_ARG, "no submitted forward to wait for");
+    c->pending = 0;
+    const int M = c->max_nt, n_out = c->pend_n_out;
     if (n_out > 0 && logits)
         MI_CUDA_TRY(cudaMemcpyAsync(logits, c->logits, (size_t)n_out * c->n_vocab * 4, cudaMemcpyDeviceToHost, c->stream));
     MI_CUDA_TRY(cudaStreamSynchronize(c->stream));
@@ -708,12 +732,20 @@ extern "C" int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int3
         c->prof_calls++;
     }
     c->n_ev = 0;
-    if (n_out > 0 && argmax) memcpy(argmax, c->h_ints + 3 * M + 1, (size_t)n_out * 4);
+    if (c->pend_argmax && argmax) memcpy(argmax, c->h_ints + 3 * M + 1, (size_t)n_out * 4);
     return MI_OK;
+}
+
+extern "C" int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
+                               const int32_t *out_rows, int32_t n_out, float *logits, int32_t *argmax) {
+    const int rc = mi_cuda_forward_submit(c, tokens, pos, nt, out_rows, n_out, argmax != nullptr);
+    if (rc) return rc;
+    return mi_cuda_forward_wait(c, logits, argmax);
 }
 
 extern "C" int mi_cuda_replay_ms(mi_cuda_ctx *c, int32_t nt, int32_t reps, float *ms) {
     // The graph of the last forward's regime (its positions are still in the device buffer).
+    if (c->pending) return mi_set_error(MI_ERR_ARG, "a submitted forward has not been waited for");
     const int r = c->last_regime > 0 ? c->last_regime - 1 : 0;
     if (nt < 1 || nt > MI_GRAPH_MAX_NT || nt > c->max_nt || !c->graphs[r][nt])
         return mi_set_error(MI_ERR_ARG, "no captured graph for nt=%d (graphs %s)", nt, c->use_graphs ? "on" : "off");

@@ -74,6 +74,18 @@ int32_t mi_ctx_device(const mi_ctx *ctx);
 int mi_forward(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
                int32_t n_out, float *logits, int32_t *argmax);
 
+/* Asynchronous forward for overlapping two contexts (speculative decoding runs the draft while the
+ * target verifies; each CUDA context has its own stream): mi_forward_submit checks and queues the
+ * same forward as mi_forward with argmax only (no logits) and returns without waiting;
+ * mi_forward_ready says whether it has finished (1), is still running (0) or failed (< 0: an error
+ * code); mi_forward_wait waits and writes the n_out argmax ids (may be NULL to discard them).
+ * One forward in flight per context: submit with one pending, mi_forward or mi_gpu_replay_ms
+ * before the wait is MI_ERR_ARG. The CPU computes at submit (ready is then always 1). */
+int mi_forward_submit(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
+                      int32_t n_out);
+int mi_forward_ready(mi_ctx *ctx);
+int mi_forward_wait(mi_ctx *ctx, int32_t *argmax);
+
 /* Benchmark: replay the captured nt-row forward (the tokens and positions of the last forward)
  * `reps` times back to back on the GPU and store the GPU milliseconds per replay in *ms (CUDA
  * events; no host work between replays). MI_ERR_ARG on a CPU context, without graphs, or nt
