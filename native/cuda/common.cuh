@@ -32,31 +32,6 @@ struct mi_dtensor {
     int64_t n_cols, n_rows, row_bytes;
 };
 
-// Quantized activation rows on the GPU, "q8 planar" (mi_q8p). A row of n floats is quantized per
-// 32-element chunk to the values of the CPU's mi_block_q8a {d, s, qs[32]} (mi_quant_chunk_warp),
-// but stored as qs [nch][32] int8 followed by ds [nch] float2 {d, s}, the row padded to 16 bytes
-// (nch = n / 32; 40 * nch bytes when nch is even, as nch CPU blocks). Why not the CPU's 40-byte
-// blocks: lane l of a mat-vec warp reads chunk c0 + l of every activation row, and over 40-byte
-// blocks each of its four 8-byte quant loads and two 4-byte scale loads spans 1,280 bytes (ten
-// 128-byte lines for 256 useful bytes); planar, a chunk is two 16-byte loads and one 8-byte load,
-// adjacent lanes adjacent in memory. At 8 activation rows these loads outnumber the weight loads
-// ~20:1. The type is opaque so that no code can index it as blocks: rows via mi_q8p_row, a chunk's
-// quants via mi_q8p_qs and scales via mi_q8p_ds.
-struct mi_q8p;
-__host__ __device__ __forceinline__ constexpr int64_t mi_q8p_row_bytes(int64_t nch) {
-    return 32 * nch + 8 * ((nch + 1) & ~(int64_t)1);
-}
-__host__ __device__ __forceinline__ mi_q8p *mi_q8p_row(mi_q8p *x, int64_t nch, int64_t t) {
-    return (mi_q8p *)((uint8_t *)x + t * mi_q8p_row_bytes(nch));
-}
-__host__ __device__ __forceinline__ const mi_q8p *mi_q8p_row(const mi_q8p *x, int64_t nch, int64_t t) {
-    return (const mi_q8p *)((const uint8_t *)x + t * mi_q8p_row_bytes(nch));
-}
-__device__ __forceinline__ const int4 *mi_q8p_qs(const mi_q8p *row, int c) { return (const int4 *)row + 2 * c; }
-__device__ __forceinline__ const float2 *mi_q8p_ds(const mi_q8p *row, int64_t nch, int c) {
-    return (const float2 *)((const uint8_t *)row + 32 * nch) + c;
-}
-
 #define MI_FULL_MASK 0xffffffffu
 
 __device__ __forceinline__ float mi_warp_sum(float v) {
@@ -89,8 +64,7 @@ __device__ __forceinline__ float mi_ld_f16(const uint8_t *p) { return __half2flo
 // one warp-reduce instruction each instead of five shuffles: a max of non-negative floats is the
 // max of their bit patterns, and an integer sum has no order (exact, so the same bits; only a NaN
 // input differs: it then wins the max instead of being skipped, and the block is NaN either way).
-// The block is chunk c of row, a row of nch chunks (mi_q8p layout).
-__device__ __forceinline__ void mi_quant_chunk_warp(float v, mi_q8p *row, int64_t nch, int c, int lane) {
+__device__ __forceinline__ void mi_quant_chunk_warp(float v, mi_block_q8a *out, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const float amax = __uint_as_float(__reduce_max_sync(MI_FULL_MASK, __float_as_uint(fabsf(v))));
 #else
@@ -104,8 +78,11 @@ __device__ __forceinline__ void mi_quant_chunk_warp(float v, mi_q8p *row, int64_
 #else
     const int sum = mi_warp_sum_i(q);
 #endif
-    ((int8_t *)row)[32 * c + lane] = (int8_t)q;
-    if (lane == 0) ((float2 *)((uint8_t *)row + 32 * nch))[c] = make_float2(d, __fmul_rn(d, (float)sum));
+    out->qs[lane] = (int8_t)q;
+    if (lane == 0) {
+        out->d = d;
+        out->s = __fmul_rn(d, (float)sum);
+    }
 }
 
 // Programmatic dependent launch (PDL, sm_90+; CUDA programming guide, "Programmatic Dependent

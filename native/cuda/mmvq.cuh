@@ -4,7 +4,7 @@
 #include "common.cuh"
 
 // y[t*ldy + r] = epilogue(sum_c W[r,c] x[t,c]) for t < nt, r < w->n_rows.
-//   Quantized W: xq is nt rows of ldx/32 chunks (mi_q8p); F32/F16 W: xf is [nt][ldx] f32.
+//   Quantized W: xq is [nt][ldx/32] q8a blocks; F32/F16 W: xf is [nt][ldx] f32.
 //   w_up != NULL (same type and shape as w): SwiGLU, y = silu(W x) * (W_up x).
 //   bias (f32 [n_rows] or NULL) is added; accumulate != 0 adds into y (residual).
 // Rows are processed in groups of <= 8 activation rows, each group streaming W once; every
@@ -21,7 +21,7 @@ struct mi_mmvq_out {
     float *y[MI_MMVQ_MAX_SEG];
     int64_t ldy[MI_MMVQ_MAX_SEG];
     const float *bias[MI_MMVQ_MAX_SEG];
-    mi_q8p *yq;
+    mi_block_q8a *yq;
     int64_t ldq;
     int32_t *cnt;
     // RoPE and the KV-cache write fused into the q/k/v launch (any_rope != 0; block kernel with an
@@ -41,29 +41,29 @@ struct mi_mmvq_out {
 // Whether a q/k/v launch over rows of n_cols columns can take the fused RoPE epilogue (the block
 // kernel with an even number of rows per block: MI_CUDA_MMVQ 0, or 3 = the default, for rows of <= 128 chunks).
 bool mi_cuda_mmvq_can_rope(int64_t n_cols);
-int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_q8p *xq, const float *xf, int64_t ldx,
+int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s);
-int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_q8p *xq, const float *xf, int64_t ldx,
+int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                  int nt, float *y, int64_t ldy, const float *bias, int accumulate, cudaStream_t s);
 
 // q/k/v in ONE launch where they come as two groups of different types (mi_mmvq_mixed_kernel):
 // w0 (q and k stacked, say q4_K) then w1 (v, say q6_K), same n_cols; out's segments cover the
-// rows of both in that order; xq nt rows of ldx/32 chunks (mi_q8p). The same bits as mi_cuda_mmvq_seg over each
+// rows of both in that order; xq [nt][ldx/32] q8a. The same bits as mi_cuda_mmvq_seg over each
 // part (each block runs that part's block-kernel body). Only where
 // mi_cuda_mmvq_mixed_applies: a compiled type pair (mi_mmvq_mixed_pair), and both parts would take
 // the block kernel with whole blocks of w0's rows.
 bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1);
-int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_q8p *xq, int64_t ldx, int nt,
+int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_block_q8a *xq, int64_t ldx, int nt,
                        const mi_mmvq_out *out, int accumulate, cudaStream_t s);
 
 // One launch's arguments (host side): w0/w1 [n_rows][row_bytes] device weights (w1: SwiGLU up or
-// NULL), xq nt mi_q8p rows of ldx/32 chunks or xf [nt][ldx] f32 activations, rpb rows per 128-thread block,
+// NULL), xq [nt][ldx/32] q8a or xf [nt][ldx] f32 activations, rpb rows per 128-thread block,
 // warp = warps per row for the warp kernel (0: block kernel).
 struct mi_mmvq_args {
     const uint8_t *w0, *w1;
     int64_t row_bytes;
     int n_rows, n_cols;
-    const mi_q8p *xq;
+    const mi_block_q8a *xq;
     const float *xf;
     int64_t ldx;
     mi_mmvq_out os;
