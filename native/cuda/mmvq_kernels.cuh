@@ -79,29 +79,41 @@ __device__ __forceinline__ void mi_epilogue_rope(const float *acc, int r, int ra
     __syncthreads();
     if (!active) return;
     const int l = ra - s.base; // the matrix row within its segment
+    // Every load of all NT rows before any store: a load after a store through another pointer
+    // waits for it (the compiler cannot rule out aliasing), which made NT dependent round trips.
     if (s.mode == 0) {
+        float old[NT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float *o = s.y + t * s.ldy + l;
-            *o = accumulate ? __fadd_rn(*o, pv[k][t]) : pv[k][t];
-        }
+        for (int t = 0; t < NT; t++) old[t] = accumulate ? s.y[t * s.ldy + l] : 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) s.y[t * s.ldy + l] = accumulate ? __fadd_rn(old[t], pv[k][t]) : pv[k][t];
     } else if (s.mode == 3) {
+        int p[NT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) s.cache[(int64_t)os.pos[t] * os.ld_cache + l] = __float2half_rn(pv[k][t]);
+        for (int t = 0; t < NT; t++) p[t] = os.pos[t];
+#pragma unroll
+        for (int t = 0; t < NT; t++) s.cache[(int64_t)p[t] * os.ld_cache + l] = __float2half_rn(pv[k][t]);
     } else if (((r - s.base) & 1) == 0) {
         const int n = (r - s.base) % os.hd, i = n / 2, half = os.hd / 2, h0 = (r - s.base) - n;
         const int a = os.neox ? i : 2 * i, b = os.neox ? i + half : 2 * i + 1;
+        float cs[NT], sn[NT];
+        int p[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            cs[t] = os.rope_cs[t * os.hd + i];
+            sn[t] = os.rope_cs[t * os.hd + half + i];
+            p[t] = s.mode == 2 ? os.pos[t] : 0;
+        }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float x0 = pv[k][t], x1 = pv[k + 1][t];
-            const float cs = os.rope_cs[t * os.hd + i], sn = os.rope_cs[t * os.hd + half + i];
-            const float y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-            const float y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+            const float y0 = __fsub_rn(__fmul_rn(x0, cs[t]), __fmul_rn(x1, sn[t]));
+            const float y1 = __fadd_rn(__fmul_rn(x0, sn[t]), __fmul_rn(x1, cs[t]));
             if (s.mode == 1) {
                 s.y[t * s.ldy + h0 + a] = y0;
                 s.y[t * s.ldy + h0 + b] = y1;
             } else {
-                __half *d = s.cache + (int64_t)os.pos[t] * os.ld_cache + h0;
+                __half *d = s.cache + (int64_t)p[t] * os.ld_cache + h0;
                 d[a] = __float2half_rn(y0);
                 d[b] = __float2half_rn(y1);
             }
@@ -158,29 +170,54 @@ __device__ __forceinline__ void mi_row_reduce(float *acc, int tpr, float (*sh)[N
     }
 }
 
-template <int NT>
-__device__ __forceinline__ void mi_epilogue(const float *acc, const float *acc_up, bool glu, int r,
-                                            const mi_mmvq_out &os, int accumulate) {
-    // Segment of row r (constant indices only, so the parameter struct stays out of local memory).
-    float *y = os.y[0];
-    int64_t ldy = os.ldy[0];
-    const float *bias = os.bias[0];
-    int base = 0;
+// Segment of output row r for the plain epilogue: its output, stride, bias and row within it
+// (constant indices only, so the parameter struct stays out of local memory).
+struct mi_out_row {
+    float *y;
+    int64_t ldy;
+    const float *bias;
+    int r;
+};
+__device__ __forceinline__ mi_out_row mi_out_row_of(const mi_mmvq_out &os, int r) {
+    mi_out_row o = {os.y[0], os.ldy[0], os.bias[0], r};
 #pragma unroll
     for (int i = 1; i < MI_MMVQ_MAX_SEG; i++)
-        if (i < os.n_seg && r >= os.end[i - 1]) {
-            y = os.y[i];
-            ldy = os.ldy[i];
-            bias = os.bias[i];
-            base = os.end[i - 1];
-        }
-    r -= base;
+        if (i < os.n_seg && r >= os.end[i - 1]) o = {os.y[i], os.ldy[i], os.bias[i], r - os.end[i - 1]};
+    return o;
+}
+
+// What the plain epilogue of row r reads besides the sums: its bias and, when accumulating, the NT
+// outputs it adds to (the residual stream). Loaded by the finishing thread right after the PDL
+// wait, so that these round trips overlap the weight stream instead of following the reduction,
+// and all NT at once (loads after the epilogue's stores would each wait for the store before).
+// Only this thread writes those outputs, so the early read sees what the epilogue would.
+template <int NT> struct mi_epi_in {
+    float old[NT];
+    float b;
+};
+template <int NT>
+__device__ __forceinline__ void mi_epilogue_load(int r, bool active, const mi_mmvq_out &os, int accumulate,
+                                                 mi_epi_in<NT> &in) {
+    in.b = 0.0f;
+#pragma unroll
+    for (int t = 0; t < NT; t++) in.old[t] = 0.0f;
+    if (!active) return;
+    const mi_out_row o = mi_out_row_of(os, r);
+    if (o.bias) in.b = o.bias[o.r];
+    if (accumulate)
+#pragma unroll
+        for (int t = 0; t < NT; t++) in.old[t] = o.y[t * o.ldy + o.r];
+}
+
+template <int NT>
+__device__ __forceinline__ void mi_epilogue(const float *acc, const float *acc_up, bool glu, int r,
+                                            const mi_mmvq_out &os, int accumulate, const mi_epi_in<NT> &in) {
+    const mi_out_row o = mi_out_row_of(os, r);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float v = glu ? mi_silu_mul(acc[t], acc_up[t]) : acc[t];
-        if (bias) v = __fadd_rn(v, bias[r]);
-        float *o = y + t * ldy + r;
-        *o = accumulate ? __fadd_rn(*o, v) : v;
+        if (o.bias) v = __fadd_rn(v, in.b);
+        o.y[t * o.ldy + o.r] = accumulate ? __fadd_rn(in.old[t], v) : v;
     }
 }
 
@@ -201,8 +238,13 @@ __device__ __forceinline__ void mi_group_quant(const mi_mmvq_out &os, int r0, in
     if (!last) return;
     __threadfence();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int t = warp; t < NT; t += blockDim.x / 32)
-        mi_quant_chunk_warp(__ldcg(os.y[0] + t * os.ldy[0] + 32 * g + lane), os.yq + t * os.ldq + g, lane);
+    constexpr int W = MI_MMVQ_THREADS / 32, K = (NT + W - 1) / W; // (both kernels: 128 threads)
+    float v[K];                                                   // loads before the stores, as above
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = warp + k * W < NT ? __ldcg(os.y[0] + (warp + k * W) * os.ldy[0] + 32 * g + lane) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (warp + k * W < NT) mi_quant_chunk_warp(v[k], os.yq + (warp + k * W) * os.ldq + g, lane);
 }
 
 // The block kernel's body for the block's virtual rows blockIdx.x * rpb + [0, rpb) below n_rows:
@@ -220,6 +262,8 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
     const int r = blockIdx.x * rpb + threadIdx.x / tpr;
     const int ra = r < n_rows ? mi_act_row(os, r) : r;
     mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows, os, row_off);
+    mi_epi_in<NT> in;
+    mi_epilogue_load<NT>(r, GLU || !os.any_rope ? j == 0 && r < n_rows : false, os, accumulate, in);
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
@@ -238,7 +282,7 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
     if (!GLU && os.any_rope)
         mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
     else if (j == 0 && r < n_rows)
-        mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
+        mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate, in);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
 }
 
@@ -284,6 +328,8 @@ __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
     const int r = blockIdx.x * (MI_MMVQ_WARPS / wpr) + warp / wpr;
     mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * (MI_MMVQ_WARPS / wpr), MI_MMVQ_WARPS / wpr, n_rows,
                      os); // (never fused RoPE: mi_cuda_mmvq_can_rope)
+    mi_epi_in<NT> in;
+    mi_epilogue_load<NT>(r, j == 0 && r < n_rows, os, accumulate, in);
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
@@ -336,7 +382,7 @@ __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
                 acc1[t] = v1;
             }
     }
-    if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
+    if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate, in);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * (MI_MMVQ_WARPS / wpr), MI_MMVQ_WARPS / wpr);
 }
 
@@ -356,6 +402,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     const int r = blockIdx.x * rpb + threadIdx.x / tpr;
     const int ra = r < n_rows ? mi_act_row(os, r) : r;
     mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows, os);
+    mi_epi_in<NT> in;
+    mi_epilogue_load<NT>(r, GLU || !os.any_rope ? j == 0 && r < n_rows : false, os, accumulate, in);
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
@@ -376,7 +424,7 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     if (!GLU && os.any_rope)
         mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
     else if (j == 0 && r < n_rows)
-        mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate);
+        mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate, in);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
 }
 
