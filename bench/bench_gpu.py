@@ -163,6 +163,9 @@ def main():
     ap.add_argument("--ab-env", action="append", default=[], metavar="VAR=V1,V2",
                     help="per model: tg @0 and nt=8 under each value of the environment variable VAR, "
                          "interleaved V1,V2,..,V1,V2,.. on the same weights; medians (repeatable)")
+    ap.add_argument("--ab-ubatch", type=int, default=64, metavar="N",
+                    help="--ab-env contexts take up to N rows a forward and prefill 512 tokens in chunks of N "
+                         "(512: one GEMM forward, pp512)")
     ap.add_argument("--curve", action="store_true", help="verify cost curve C_T(nt)/C_T(1), nt = 1..16")
     ap.add_argument("--accept", default=None,
                     help="JSON file {category: [conditional acceptance p_1..p_7]} measured on the real pair: "
@@ -223,15 +226,15 @@ def main():
             old = os.environ.get(var)
             for v in vals * 2:  # interleaved A, B, ..., A, B, ...
                 os.environ[var] = v
-                c2 = _core.Context(cfg, tensors, 1024, 64, 0, 1, keep)
+                c2 = _core.Context(cfg, tensors, 1024, max(args.ab_ubatch, 9), 0, 1, keep)
                 decode_times(c2, 5)
                 ab[v] += decode_times(c2, args.tokens // 2)
                 ab8[v] += decode_times(c2, 10, start_pos=0, nt=8)[2:]
                 for nt in AB_GPU_NT:  # the captured forward alone (C_T(nt) under this value)
                     abg[v, nt].append(c2.gpu_replay_ms(nt, 100))
-                prefill(c2, 512)
+                prefill(c2, 512, nt=args.ab_ubatch)
                 t0 = time.perf_counter()
-                prefill(c2, 512)
+                prefill(c2, 512, nt=args.ab_ubatch)
                 abp[v].append(time.perf_counter() - t0)
                 c2.close()
             if old is None:
@@ -244,7 +247,8 @@ def main():
                 med8 = statistics.median(ab8[v])
                 rows.append((name, f"A/B nt=8 {var[8:]}={v}", 8 / med8, float("nan"), min(ab8[v]) * 1e3))
                 medp = statistics.median(abp[v])
-                rows.append((name, f"A/B pp512/64 {var[8:]}={v}", 512 / medp, float("nan"), min(abp[v]) * 1e3))
+                rows.append((name, f"A/B pp512/{args.ab_ubatch} {var[8:]}={v}", 512 / medp, float("nan"),
+                             min(abp[v]) * 1e3))
                 for nt in AB_GPU_NT:  # tokens/s of the batch, then its GPU ms
                     g = statistics.median(abg[v, nt])
                     rows.append((name, f"A/B GPU nt={nt} {var[8:]}={v}", nt * 1e3 / g, float("nan"), g))

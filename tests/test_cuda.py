@@ -144,6 +144,24 @@ def test_mmq_matches_float64(typ, n_cols, nt):
     check_mmq(core.mmq(typ, w, n_rows, n_cols, x), ref, (bg.NAMES[typ], n_cols, nt))
 
 
+@pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K, bg.F32], ids=lambda t: bg.NAMES[t])
+@pytest.mark.parametrize("n_rows,n_cols,nt,splits", [(300, 1536, 37, ""), (1536, 4608, 200, ""), (300, 4608, 16, "3")])
+def test_mmq_stages_same_bits(typ, n_rows, n_cols, nt, splits, monkeypatch):
+    """One or two shared-memory buffers (MI_CUDA_MMQ_STAGES): the same products in the same order,
+    so the same bits, with and without K-split; both within the float64 bound."""
+    w, x, ref = mmq_case(typ, n_rows, n_cols, nt, 7 * typ + nt)
+    monkeypatch.setenv("MI_CUDA_MMQ_SPLITS", splits)
+    out = {}
+    for stages in ("1", "2"):
+        monkeypatch.setenv("MI_CUDA_MMQ_STAGES", stages)
+        out[stages] = core.mmq(typ, w, n_rows, n_cols, x)
+        check_mmq(out[stages], ref, (bg.NAMES[typ], n_rows, n_cols, nt, stages))
+    assert np.array_equal(out["1"], out["2"])
+    monkeypatch.setenv("MI_CUDA_MMQ_STAGES", "3")
+    with pytest.raises(core.NativeError, match="MI_CUDA_MMQ_STAGES"):
+        core.mmq(typ, w, n_rows, n_cols, x)
+
+
 @pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K, bg.Q8_0, bg.F16], ids=lambda t: bg.NAMES[t])
 @pytest.mark.parametrize("n_rows,n_cols,nt", [(1536, 1536, 200), (8960, 1536, 64), (1536, 8960, 37),
                                               (256, 1536, 512), (8960, 1536, 512)])

@@ -1,6 +1,7 @@
 // MMQ: tensor-core GEMM for nt >= 10 activation rows (design, tiles, tolerance: mmq.cuh).
 #include <mma.h>
 #include <stdlib.h>
+#include <string.h>
 #include "mmq.cuh"
 #include "qtypes.cuh"
 
@@ -13,7 +14,6 @@ constexpr int LDC = BM + 4;               // floats per row of Cs (wmma ldm: a m
 constexpr int MI_MMQ_MIN_KSTEPS = 2;      // fewest K steps a split gets
 constexpr size_t MI_MMQ_SMEM_AB = (size_t)(BM + BN) * LDS * sizeof(__half);
 constexpr size_t MI_MMQ_SMEM_C = (size_t)BN * LDC * sizeof(float);
-constexpr size_t MI_MMQ_SMEM = MI_MMQ_SMEM_AB > MI_MMQ_SMEM_C ? MI_MMQ_SMEM_AB : MI_MMQ_SMEM_C;
 static_assert(MI_MMQ_THREADS == 2 * BM && MI_MMQ_THREADS == 4 * BN && BK == 64,
               "loader roles: one thread per (W row, 32-wide chunk) and per (x row, 16 columns)");
 // wmma: ldm a multiple of 8 halves / 4 floats, tile pointers 32-byte aligned (fragment offsets are
@@ -104,15 +104,20 @@ __device__ __forceinline__ void mi_mmq_out(float v, int t, int r, float *y, int6
 // Block (bx, by, z): activation rows t0 = bx*BN.., weight rows r0 = by*BM.., K steps
 // [z*kps, min(ksteps, (z+1)*kps)). part == NULL: epilogue into y; else the raw tile goes to
 // part [gridDim.z][nt][n_rows] for mi_mmq_reduce_kernel.
-template <int T>
+// STAGES = 1: one Ws/Xs buffer, two barriers a K step (the MMAs read it, then it is restaged);
+// 2: two buffers, the MMAs of step k read one while the same warps stage step k + 1 into the
+// other, one barrier a step (a warp's dequantization overlaps the other warps' MMAs). Same
+// arithmetic, same bits. Dynamic shared memory: STAGES * (BM + BN) * LDS halves (>= the Cs tile).
+template <int T, int STAGES>
 __global__ void __launch_bounds__(MI_MMQ_THREADS, 2)
     mi_mmq_kernel(const uint8_t *__restrict__ w, int64_t row_bytes, int n_rows, int nchunks,
                   const float *__restrict__ x, int64_t ldx, int nt, int kps, float *y, int64_t ldy,
                   const float *__restrict__ bias, int accumulate, float *__restrict__ part) {
     using namespace nvcuda;
-    __shared__ __align__(128) unsigned char smem[MI_MMQ_SMEM];
-    __half *ws = (__half *)smem;  // [BM][LDS] weight tile, row-major (wmma matrix_a)
-    __half *xs = ws + BM * LDS;   // [BN][LDS] activation tile: x^T col-major (wmma matrix_b)
+    extern __shared__ __align__(128) unsigned char smem[];
+    __half *ws = (__half *)smem;  // [BM][LDS] weight tile, row-major (wmma matrix_a), per stage
+    __half *xs = ws + BM * LDS;   // [BN][LDS] activation tile: x^T col-major (wmma matrix_b), per stage
+    constexpr int STAGE = (BM + BN) * LDS; // halves from one stage's tiles to the next's
     float *cs = (float *)smem;    // [BN][LDC] accumulators, after the K loop
     const int tid = threadIdx.x, warp = tid / 32;
     const int t0 = blockIdx.x * BN, r0 = blockIdx.y * BM;
@@ -144,13 +149,14 @@ __global__ void __launch_bounds__(MI_MMQ_THREADS, 2)
             for (int i = 0; i < 4; i++) xreg[i] = p[i];
         }
     };
-    auto stage = [&]() {
+    auto stage = [&](int buf) {
+        __half *wd = wdst + buf * STAGE;
         if (w_ok)
-            wreg.store(wdst);
+            wreg.store(wd);
         else
 #pragma unroll
-            for (int i = 0; i < 4; i++) ((uint4 *)wdst)[i] = make_uint4(0, 0, 0, 0);
-        uint4 *o = (uint4 *)xdst;
+            for (int i = 0; i < 4; i++) ((uint4 *)wd)[i] = make_uint4(0, 0, 0, 0);
+        uint4 *o = (uint4 *)(xdst + buf * STAGE);
         if (x_ok) {
 #pragma unroll
             for (int i = 0; i < 2; i++) o[i] = mi_f8_to_h8(xreg[2 * i], xreg[2 * i + 1]);
@@ -171,31 +177,36 @@ __global__ void __launch_bounds__(MI_MMQ_THREADS, 2)
 
     if (ks0 < ks1) {
         fetch(ks0);
-        stage();
+        stage(0);
     }
     __syncthreads();
     for (int ks = ks0; ks < ks1; ks++) {
         const bool more = ks + 1 < ks1;
+        const int cur = STAGES == 2 ? (ks - ks0) & 1 : 0;
         if (more) fetch(ks + 1); // in flight during the MMAs below
         if (nj > 0) {
+            const __half *wsb = ws + cur * STAGE, *xsb = xs + cur * STAGE;
 #pragma unroll
             for (int kk = 0; kk < BK; kk += 16) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[2];
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
 #pragma unroll
-                for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], ws + (32 * wm + 16 * i) * LDS + kk, LDS);
+                for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], wsb + (32 * wm + 16 * i) * LDS + kk, LDS);
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     if (j < nj) {
-                        wmma::load_matrix_sync(b, xs + (32 * wn + 16 * j) * LDS + kk, LDS);
+                        wmma::load_matrix_sync(b, xsb + (32 * wn + 16 * j) * LDS + kk, LDS);
 #pragma unroll
                         for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][j], a[i], b, acc[i][j]);
                     }
                 }
             }
         }
-        __syncthreads(); // every warp is done with this step's tiles
-        if (more) stage();
+        // One buffer: every warp must be done with this step's tiles before they are restaged.
+        // Two: the other buffer was last read in step ks - 1, which the barrier below (of that
+        // step) closed for every warp.
+        if (STAGES == 1) __syncthreads();
+        if (more) stage(STAGES == 2 ? cur ^ 1 : 0);
         __syncthreads();
     }
 
@@ -252,20 +263,38 @@ int mi_mmq_forced_splits() {
 
 typedef void (*mi_mmq_fn)(const uint8_t *, int64_t, int, int, const float *, int64_t, int, int, float *, int64_t,
                           const float *, int, float *);
-mi_mmq_fn mi_mmq_kernel_for(int type) {
+template <int S> mi_mmq_fn mi_mmq_kernel_stages(int type) {
     switch (type) {
-    case MI_TYPE_F32: return mi_mmq_kernel<MI_TYPE_F32>;
-    case MI_TYPE_F16: return mi_mmq_kernel<MI_TYPE_F16>;
-    case MI_TYPE_Q4_0: return mi_mmq_kernel<MI_TYPE_Q4_0>;
-    case MI_TYPE_Q4_1: return mi_mmq_kernel<MI_TYPE_Q4_1>;
-    case MI_TYPE_Q5_0: return mi_mmq_kernel<MI_TYPE_Q5_0>;
-    case MI_TYPE_Q5_1: return mi_mmq_kernel<MI_TYPE_Q5_1>;
-    case MI_TYPE_Q8_0: return mi_mmq_kernel<MI_TYPE_Q8_0>;
-    case MI_TYPE_Q4_K: return mi_mmq_kernel<MI_TYPE_Q4_K>;
-    case MI_TYPE_Q5_K: return mi_mmq_kernel<MI_TYPE_Q5_K>;
-    case MI_TYPE_Q6_K: return mi_mmq_kernel<MI_TYPE_Q6_K>;
+    case MI_TYPE_F32: return mi_mmq_kernel<MI_TYPE_F32, S>;
+    case MI_TYPE_F16: return mi_mmq_kernel<MI_TYPE_F16, S>;
+    case MI_TYPE_Q4_0: return mi_mmq_kernel<MI_TYPE_Q4_0, S>;
+    case MI_TYPE_Q4_1: return mi_mmq_kernel<MI_TYPE_Q4_1, S>;
+    case MI_TYPE_Q5_0: return mi_mmq_kernel<MI_TYPE_Q5_0, S>;
+    case MI_TYPE_Q5_1: return mi_mmq_kernel<MI_TYPE_Q5_1, S>;
+    case MI_TYPE_Q8_0: return mi_mmq_kernel<MI_TYPE_Q8_0, S>;
+    case MI_TYPE_Q4_K: return mi_mmq_kernel<MI_TYPE_Q4_K, S>;
+    case MI_TYPE_Q5_K: return mi_mmq_kernel<MI_TYPE_Q5_K, S>;
+    case MI_TYPE_Q6_K: return mi_mmq_kernel<MI_TYPE_Q6_K, S>;
     default: return nullptr;
     }
+}
+
+// MI_CUDA_MMQ_STAGES: 1 or 2 shared-memory buffers (mi_mmq_kernel); unset or empty: the default.
+// Read at every call (the GEMM path is never graphed). Anything else is refused.
+int mi_mmq_stages(int *out) {
+    const char *e = getenv("MI_CUDA_MMQ_STAGES");
+    if (!e || !*e) {
+        *out = MI_MMQ_STAGES_DEFAULT;
+        return MI_OK;
+    }
+    if (strcmp(e, "1") && strcmp(e, "2")) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMQ_STAGES must be 1 or 2, got '%s'", e);
+    *out = e[0] - '0';
+    return MI_OK;
+}
+
+size_t mi_mmq_smem_bytes(int stages) {
+    const size_t ab = (size_t)stages * MI_MMQ_SMEM_AB;
+    return ab > MI_MMQ_SMEM_C ? ab : MI_MMQ_SMEM_C;
 }
 
 } // namespace
@@ -280,7 +309,9 @@ size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
 
 int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
                 int accumulate, float *scratch, size_t scratch_floats, cudaStream_t s) {
-    const mi_mmq_fn kernel = mi_mmq_kernel_for(w->type);
+    int stages = 0;
+    if (const int rc = mi_mmq_stages(&stages)) return rc;
+    const mi_mmq_fn kernel = stages == 2 ? mi_mmq_kernel_stages<2>(w->type) : mi_mmq_kernel_stages<1>(w->type);
     if (!kernel) return mi_set_error(MI_ERR_TYPE, "CUDA mmq: unsupported type %d", w->type);
     if (w->n_cols % 32 || w->n_cols <= 0 || w->n_rows <= 0 || (w->n_rows + BM - 1) / BM > 65535 || nt < 1 ||
         ldx < w->n_cols)
@@ -312,8 +343,11 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
     float *part = splits > 1 ? scratch : nullptr;
 
     const dim3 grid(tiles_n, tiles_m, splits);
-    kernel<<<grid, MI_MMQ_THREADS, 0, s>>>(w->data, w->row_bytes, n_rows, nchunks, x, ldx, nt, kps, y, ldy, bias,
-                                           accumulate, part);
+    const size_t smem = mi_mmq_smem_bytes(stages);
+    if (smem > 48 * 1024) // above the default limit of dynamic shared memory: opt in (cheap, idempotent)
+        MI_CUDA_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, MI_MMQ_THREADS, smem, s>>>(w->data, w->row_bytes, n_rows, nchunks, x, ldx, nt, kps, y, ldy, bias,
+                                              accumulate, part);
     MI_LAUNCH_TRY("mmq");
     if (part) {
         const int64_t n = (int64_t)out_floats;

@@ -9,8 +9,9 @@
 // Warps form a 4 x 2 grid of 32 x 32 output sub-tiles, 2 x 2 accumulators each. The next step's
 // weight chunk and activations are loaded into registers while the current step multiplies.
 // Shared memory: Ws [BM][BK+8] f16 + Xs [BN][BK+8] f16 (the +8 halves shift rows across banks),
-// reused after the K loop as the f32 staging tile Cs [BN][BM+4] of the epilogue: 33,792 bytes,
-// two blocks per SM. Why these sizes: 2 x 2 accumulators of 16 x 16 are 32 f32 registers per
+// twice (two stages: the MMAs read one pair while the next step is staged into the other), reused
+// after the K loop as the f32 staging tile Cs [BN][BM+4] of the epilogue: 55,296 bytes, two blocks
+// per SM (MI_CUDA_MMQ_STAGES=1: one pair, 33,792 bytes). Why these sizes: 2 x 2 accumulators of 16 x 16 are 32 f32 registers per
 // thread, which keeps the kernel under 128 registers (two blocks of 8 warps per SM); BK = 64 is
 // exactly one chunk per thread per step; 128 x 64 still gives a 1536-row matrix 96 tiles at
 // nt = 512. The f16 conversion bounds the inputs: |W| and |x| must stay below 65504.
@@ -40,6 +41,7 @@
 #define MI_MMQ_BN 64        // activation rows per block
 #define MI_MMQ_BK 64        // columns per K step
 #define MI_MMQ_MAX_SPLIT 16 // most K splits
+#define MI_MMQ_STAGES_DEFAULT 2 // shared-memory buffers of the K loop (mmq.cu; MI_CUDA_MMQ_STAGES)
 // Below this the forward uses MMVQ (bitwise nt contract, weight-bandwidth bound): up to 8 rows in
 // one launch, and nt = 9 as 8 + 1 (graphed like nt <= 8, and bitwise): on the H200's synthetic
 // 1.5B 2.97 ms against 4.26 ms for the GEMM at nt = 10 (docs/perf.md, session 6).
