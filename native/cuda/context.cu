@@ -117,7 +117,10 @@ struct mi_cuda_ctx {
     float *ff;             // [max_nt][n_ff] SwiGLU output
     float *gate, *up;      // [max_nt][n_ff] each: only when ffn_gate/ffn_up types differ
     float *rope_cs;        // [max_nt][head_dim]: cos[head_dim/2] then sin[head_dim/2]
-    float *part;           // [max_nt][n_head][MI_ATTN_SPLITS][head_dim+2] attention partials
+    float *part;           // [part_rows][n_head][MI_ATTN_SPLITS][head_dim+2] attention partials
+    int part_rows;         // rows the decode attention kernels can get: max_nt, or <= 9 when the
+                           // GEMM path's forwards (nt >= MI_MMQ_MIN_NT) take the prefill kernel
+                           // (204 MB less on the 1.5B at max_nt 512)
     float *logits;         // [max_nt][n_vocab]
     int32_t *ints;         // device: tokens[max_nt], pos[max_nt], out_rows[max_nt], n_out[1], argmax[max_nt]
     int32_t *h_ints;       // pinned host staging, same layout
@@ -297,6 +300,8 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
         if (!fuse_rope)
             MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
                                s));
+        if (!(gemm && c->attn_prefill) && nt > c->part_rows) // unreachable: part_rows follows the same rule
+            return mi_set_error(MI_ERR_ARG, "decode attention over %d rows, scratch for %d", nt, c->part_rows);
         if (gemm && c->attn_prefill) {
             // Prompt chunks: one tensor-core block per 16 rows and head (the GEMM path's tolerance);
             // its output is f32 only, which wo's GEMM reads (attn_prefill: every wo has one).
@@ -607,6 +612,9 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         const size_t f = mi_cuda_mmq_scratch_floats(nr, max_nt);
         if (f > mmq_floats) mmq_floats = f;
     }
+    // Forwards of nt >= MI_MMQ_MIN_NT rows run the decode attention only without the GEMM path or
+    // the prefill kernel (mi_enqueue's rule); the others have at most MI_MMQ_MIN_NT - 1 rows.
+    c->part_rows = c->attn_prefill && !c->no_mmq && max_nt > MI_MMQ_MIN_NT - 1 ? MI_MMQ_MIN_NT - 1 : max_nt;
     const size_t sizes[] = {
         kv_bytes, kv_bytes,
         (size_t)max_nt * E * 4,                                    // x
@@ -617,7 +625,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         (size_t)max_nt * F * 4,                                    // ff
         (size_t)max_nt * F * 4, (size_t)max_nt * F * 4,           // gate up (split types, or the GEMM path)
         (size_t)max_nt * HD * 4,                                   // rope_cs
-        mi_attn_part_floats(max_nt, d->n_head, d->head_dim) * 4,   // part
+        mi_attn_part_floats(c->part_rows, d->n_head, d->head_dim) * 4, // part
         (size_t)max_nt * d->n_vocab * 4,                           // logits
         ((size_t)4 * max_nt + 1) * 4,                              // ints
         (size_t)max_nt * (F / 32) * sizeof(mi_block_q8a),          // xq_ff
