@@ -50,6 +50,15 @@ cdef int _check(int rc) except -1:
     return 0
 
 
+cdef int _batch_len(const int32_t[::1] tokens, const int32_t[::1] pos) except -1:
+    # Tokens of one forward: as many positions as tokens, at least one.
+    if pos.shape[0] != tokens.shape[0]:
+        raise ValueError("tokens and pos differ in length")
+    if tokens.shape[0] == 0:
+        raise ValueError("empty token batch")
+    return tokens.shape[0]
+
+
 cdef mi_tensor _tensor(object spec) except *:
     cdef mi_tensor t
     if spec is None:
@@ -184,12 +193,8 @@ cdef class Context:
         NativeError for other C errors. Releases the GIL while it runs; calls on one context are
         serialized by a lock (its scratch buffers and KV cache are shared).
         """
-        cdef int nt = tokens.shape[0]
+        cdef int nt = _batch_len(tokens, pos)
         cdef int n_out = out_rows.shape[0]
-        if pos.shape[0] != nt:
-            raise ValueError("tokens and pos differ in length")
-        if nt == 0:
-            raise ValueError("empty token batch")
         if logits is not None and (logits.shape[0] < n_out or logits.shape[1] != self.n_vocab):
             raise ValueError("logits buffer must be [n_out, n_vocab]")
         if argmax is not None and argmax.shape[0] < n_out:
@@ -212,12 +217,8 @@ cdef class Context:
         ``forward_ready`` polls and ``forward_wait`` collects the argmax. One forward in flight per
         context: another call before the wait raises NativeError. Same argument errors as forward.
         """
-        cdef int nt = tokens.shape[0]
+        cdef int nt = _batch_len(tokens, pos)
         cdef int n_out = out_rows.shape[0]
-        if pos.shape[0] != nt:
-            raise ValueError("tokens and pos differ in length")
-        if nt == 0:
-            raise ValueError("empty token batch")
         cdef const int32_t *rp = &out_rows[0] if n_out > 0 else NULL
         cdef int rc
         cdef mi_ctx *c

@@ -7,6 +7,8 @@ never copied or dequantized at load. Architectures: ``qwen2`` and ``llama``.
 
 from __future__ import annotations
 
+import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,14 @@ ROPE_NORM, ROPE_NEOX = 0, 2
 
 class GGUFError(ValueError):
     """The file is not a usable GGUF model: corrupt, truncated, or of an unsupported kind."""
+
+    @classmethod
+    def unreadable(cls, path: str | os.PathLike[str], e: BaseException) -> "GGUFError":
+        """The error for a file whose bytes a GGUF reader could not parse (``e``: what the reader
+        raised: struct.error for a truncated field, ValueError / IndexError / OverflowError for
+        corrupt ones), one message for every reader (the model load, the tokenizer's)."""
+        kind = "truncated or corrupt" if isinstance(e, struct.error) else type(e).__name__
+        return cls(f"{os.fspath(path)}: not a valid GGUF file ({kind}: {e})")
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,7 @@ class GGUFModel:
         try:
             self.reader = GGUFReader(self.path, "r")
         except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
-            raise GGUFError(f"{self.path}: not a valid GGUF file ({type(e).__name__}: {e})") from e
+            raise GGUFError.unreadable(self.path, e) from e
         r = self.reader
         arch = _field(r, "general.architecture")
         if arch not in SUPPORTED_ARCHS:

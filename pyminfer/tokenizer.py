@@ -215,6 +215,9 @@ def _parse_gguf_kv(path: str | os.PathLike[str], wanted_prefixes: tuple[str, ...
             elif vtype == _GGUF_ARRAY:
                 atype, n = unpack_from("<IQ", mm, off)
                 off += 12
+                if n > size - off:  # every element takes at least one byte
+                    raise ValueError(f"an array of {n} elements at offset {off} runs past the end of the file "
+                                     f"({size} bytes)")
                 if atype == _GGUF_STRING:
                     if keep:
                         items: list[str] = []
@@ -302,15 +305,19 @@ def read_gguf_tokenizer_metadata(reader_or_path: Any) -> dict[str, Any]:
             raise FileNotFoundError(f"model file not found: {path}")
         try:
             meta = _parse_gguf_kv(path, prefixes)
-            if meta is None:
-                import gguf
+        except (ValueError, IndexError, OverflowError, struct.error) as e:
+            # bad bytes surface as struct/mmap/numpy errors (every length is checked against the
+            # file size first, so a corrupt count never becomes a huge allocation: a MemoryError
+            # here is a real one and propagates); reported as a model load reports them
+            raise GGUFError.unreadable(path, e) from e
+        if meta is not None:
+            return meta
+        import gguf  # layouts the fast parser leaves to the library (GGUF v1, big-endian)
 
-                return _fields_from_reader(gguf.GGUFReader(path), prefixes)
-        except (ValueError, IndexError, OverflowError, struct.error, MemoryError) as e:
-            # bad bytes surface as struct/mmap/numpy errors; report them as run does (GGUFModel)
-            kind = "truncated or corrupt" if isinstance(e, struct.error) else type(e).__name__
-            raise GGUFError(f"{path}: not a valid GGUF file ({kind}: {e})") from e
-        return meta
+        try:  # as GGUFModel: the library's reader may also run out of memory on a corrupt count
+            return _fields_from_reader(gguf.GGUFReader(path), prefixes)
+        except Exception as e:
+            raise GGUFError.unreadable(path, e) from e
     if not hasattr(reader_or_path, "fields"):
         raise TypeError(f"expected a path or gguf.GGUFReader, got {type(reader_or_path).__name__}")
     return _fields_from_reader(reader_or_path, prefixes)

@@ -335,6 +335,25 @@ def test_tokenizer_of_a_corrupt_gguf_is_a_gguf_error(tmp_path, smol_path):
             Tokenizer.from_gguf(p)
 
 
+def test_huge_array_count_is_corrupt_not_out_of_memory(tmp_path):
+    """A string array whose count exceeds what the file could hold is a corrupt file (named by its
+    count), found before any allocation, by the tokenizer's reader and by a model load alike."""
+    import struct
+
+    from pyminfer.gguf_model import GGUFModel
+    from pyminfer.tokenizer import read_gguf_tokenizer_metadata
+
+    key = b"tokenizer.ggml.tokens"
+    body = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    body += struct.pack("<IIQ", 9, 8, 1 << 40) + struct.pack("<Q", 1) + b"a"  # array of 2^40 strings
+    p = tmp_path / "huge.gguf"
+    p.write_bytes(body)
+    with pytest.raises(GGUFError, match=r"huge.gguf: not a valid GGUF file \(ValueError: an array of 1099511627776"):
+        read_gguf_tokenizer_metadata(p)
+    with pytest.raises(GGUFError, match="huge.gguf: not a valid GGUF file"):
+        GGUFModel(p)
+
+
 def test_tokenize_and_synth_report_corrupt_ggufs(tmp_path, smol_path):
     for p in _corrupt_ggufs(tmp_path, smol_path):
         _one_line_error(_cli("tokenize", "-m", str(p), "hi"), f"{p}: not a valid GGUF file")

@@ -326,6 +326,146 @@ __device__ __forceinline__ void mi_split_f16x2(float x0, float x1, uint32_t &hi,
     lo = (uint32_t)__half_as_ushort(l0) | ((uint32_t)__half_as_ushort(l1) << 16);
 }
 
+// Q's A fragments for the tensor-core kernels, hi and lo: k-step 2c + e, fragment rows gid (row 0)
+// and gid + 8 (row 1), halves d = 32c + 8tig + 4e + {0,1} (regs 0, 1) and + {2,3} (regs 2, 3).
+// qrow[r]: that row's HD floats, or NULL for a zero row.
+template <int HD>
+__device__ __forceinline__ void mi_attn_q_frags(const float *const (&qrow)[2], int tig, uint32_t (&qa)[HD / 16][4],
+                                                uint32_t (&ql)[HD / 16][4]) {
+#pragma unroll
+    for (int c = 0; c < HD / 32; c++) {
+        float v[2][8];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (qrow[r]) {
+                const float4 *p = (const float4 *)(qrow[r] + 32 * c + 8 * tig);
+                const float4 a = p[0], b = p[1];
+                v[r][0] = a.x; v[r][1] = a.y; v[r][2] = a.z; v[r][3] = a.w;
+                v[r][4] = b.x; v[r][5] = b.y; v[r][6] = b.z; v[r][7] = b.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[r][i] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int kk = 2 * c + e;
+            mi_split_f16x2(v[0][4 * e], v[0][4 * e + 1], qa[kk][0], ql[kk][0]);
+            mi_split_f16x2(v[1][4 * e], v[1][4 * e + 1], qa[kk][1], ql[kk][1]);
+            mi_split_f16x2(v[0][4 * e + 2], v[0][4 * e + 3], qa[kk][2], ql[kk][2]);
+            mi_split_f16x2(v[1][4 * e + 2], v[1][4 * e + 3], qa[kk][3], ql[kk][3]);
+        }
+    }
+}
+
+// One 16-slot tile j0 .. j0 + 15 of the tensor-core attention for this lane's fragment rows gid
+// (row 0) and gid + 8 (row 1): scores S = Q K^T (hi and lo parts of Q), slots j >= bound[r] of row r
+// masked, the online-softmax update of m, l (this lane's columns) and the output accumulators o,
+// then o += P V with P split hi / lo after scaling by 2^12 (o is scaled back by the caller). K / V
+// rows past k1 - 1 are clamped to it (masked anyway, and a clamped row is a written, finite one).
+// kc / vc: this KV head's first element (cache + g * HD), rows kvd halves apart. Shared by the
+// decode kernel (rows = query heads of one position: one bound, every tile holds a visible slot)
+// and the prefill kernel (rows = 16 positions, a bound each: a row may have seen no slot yet,
+// EMPTY_ROWS guards its weights).
+template <int HD, bool EMPTY_ROWS>
+__device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4], const uint32_t (&ql)[HD / 16][4],
+                                                 const __half *kc, const __half *vc, int kvd, int j0, int k1,
+                                                 const int (&bound)[2], float scale, int gid, int tig,
+                                                 float (&o)[HD / 8][4], float (&m)[2], float (&l)[2]) {
+    constexpr int NV = HD / 64;
+    // K rows j0 + 8nt + gid (n-tile nt), V rows j0 + {2tig, 2tig+1, 8+2tig, 9+2tig}.
+    uint4 kr[2][HD / 32], vr[4][NV];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        const __half *row = kc + (int64_t)min(j0 + 8 * nt + gid, k1 - 1) * kvd + 8 * tig;
+#pragma unroll
+        for (int c = 0; c < HD / 32; c++) kr[nt][c] = *(const uint4 *)(row + 32 * c);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const __half *row = vc + (int64_t)min(j0 + 8 * (r >> 1) + 2 * tig + (r & 1), k1 - 1) * kvd + 8 * gid;
+#pragma unroll
+        for (int mm = 0; mm < NV; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
+    }
+    // Four independent accumulators per n-tile (hi / lo x even / odd k-step: chains of KS / 2
+    // mma instead of 2 KS), summed in a fixed order.
+    float sc[2][4], sp[2][4][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int a = 0; a < 4; a++) sp[nt][a][0] = sp[nt][a][1] = sp[nt][a][2] = sp[nt][a][3] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < HD / 32; c++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            mi_mma_f16(sp[nt][0], qa[2 * c], kr[nt][c].x, kr[nt][c].y);
+            mi_mma_f16(sp[nt][1], ql[2 * c], kr[nt][c].x, kr[nt][c].y);
+            mi_mma_f16(sp[nt][2], qa[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
+            mi_mma_f16(sp[nt][3], ql[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
+        }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            sc[nt][i] = __fadd_rn(__fadd_rn(sp[nt][0][i], sp[nt][2][i]), __fadd_rn(sp[nt][1][i], sp[nt][3][i]));
+    // sc[nt][2r + e]: row r, slot j0 + 8nt + 2tig + e.
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float v = j0 + 8 * nt + 2 * tig + e < bound[r] ? __fmul_rn(sc[nt][2 * r + e], scale) : -INFINITY;
+                sc[nt][2 * r + e] = v;
+                mx = fmaxf(mx, v);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 2));
+        const float mn = fmaxf(m[r], mx); // finite unless EMPTY_ROWS (then: no slot seen yet)
+        corr[r] = EMPTY_ROWS && mn == -INFINITY ? 1.0f : expf(m[r] - mn); // 0 on a row's first slots
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float p = EMPTY_ROWS && mn == -INFINITY ? 0.0f : expf(sc[nt][2 * r + e] - mn);
+                sc[nt][2 * r + e] = p;
+                sum = __fadd_rn(sum, p);
+            }
+        l[r] = __fadd_rn(__fmul_rn(l[r], corr[r]), sum);
+        m[r] = mn;
+    }
+    // P's A fragment (k = slot: 2tig + e from n-tile 0, 8 + 2tig + e from n-tile 1), hi and lo.
+    // P scaled by 2^12 first (exact): P's lo part then stays a normal f16 for weights down to
+    // 2^-15, where unscaled it went subnormal below 2^-3 (an absolute error of ~3e-8); the caller
+    // scales O back by 2^-12 (exact). l sums the unscaled f32 weights.
+    constexpr float PS = 4096.0f;
+    uint32_t pa[4], pl[4];
+    mi_split_f16x2(sc[0][0] * PS, sc[0][1] * PS, pa[0], pl[0]);
+    mi_split_f16x2(sc[0][2] * PS, sc[0][3] * PS, pa[1], pl[1]);
+    mi_split_f16x2(sc[1][0] * PS, sc[1][1] * PS, pa[2], pl[2]);
+    mi_split_f16x2(sc[1][2] * PS, sc[1][3] * PS, pa[3], pl[3]);
+#pragma unroll
+    for (int mm = 0; mm < NV; mm++) {
+        const uint32_t *w0 = (const uint32_t *)&vr[0][mm], *w1 = (const uint32_t *)&vr[1][mm];
+        const uint32_t *w2 = (const uint32_t *)&vr[2][mm], *w3 = (const uint32_t *)&vr[3][mm];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t sel = i & 1 ? 0x7632u : 0x5410u;
+            const uint32_t b0 = __byte_perm(w0[i / 2], w1[i / 2], sel), b1 = __byte_perm(w2[i / 2], w3[i / 2], sel);
+            float(&on)[4] = o[8 * mm + i];
+            on[0] = __fmul_rn(on[0], corr[0]);
+            on[1] = __fmul_rn(on[1], corr[0]);
+            on[2] = __fmul_rn(on[2], corr[1]);
+            on[3] = __fmul_rn(on[3], corr[1]);
+            mi_mma_f16(on, pa, b0, b1);
+            mi_mma_f16(on, pl, b0, b1);
+        }
+    }
+}
+
 // NW warps a block; R >= G rows of the shared-memory merge (16, or 8 when G <= 8).
 template <int DPL, int NW, int R>
 __global__ void __launch_bounds__(NW * 32)
@@ -346,132 +486,22 @@ __global__ void __launch_bounds__(NW * 32)
     mi_pdl_wait();
     mi_pdl_trigger();
     if (!mine || s >= n_used) return;
-    // Q's A fragments, hi and lo: k-step 2c + e, rows gid / gid + 8 (query heads h0 + row, zero
-    // beyond G), halves d = 32c + 8tig + 4e + {0,1} (regs 0, 1) and + {2,3} (regs 2, 3).
+    // Q's A fragments: rows gid / gid + 8 are query heads h0 + row (zero beyond G).
     uint32_t qa[KS][4], ql[KS][4];
+    {
+        const float *qrow[2];
 #pragma unroll
-    for (int c = 0; c < HD / 32; c++) {
-        float v[2][8];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int hh = gid + 8 * r;
-            if (hh < G) {
-                const float4 *p = (const float4 *)(q + ((int64_t)t * n_head + h0 + hh) * HD + 32 * c + 8 * tig);
-                const float4 a = p[0], b = p[1];
-                v[r][0] = a.x; v[r][1] = a.y; v[r][2] = a.z; v[r][3] = a.w;
-                v[r][4] = b.x; v[r][5] = b.y; v[r][6] = b.z; v[r][7] = b.w;
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++) v[r][i] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int kk = 2 * c + e;
-            mi_split_f16x2(v[0][4 * e], v[0][4 * e + 1], qa[kk][0], ql[kk][0]);
-            mi_split_f16x2(v[1][4 * e], v[1][4 * e + 1], qa[kk][1], ql[kk][1]);
-            mi_split_f16x2(v[0][4 * e + 2], v[0][4 * e + 3], qa[kk][2], ql[kk][2]);
-            mi_split_f16x2(v[1][4 * e + 2], v[1][4 * e + 3], qa[kk][3], ql[kk][3]);
-        }
+        for (int r = 0; r < 2; r++)
+            qrow[r] = gid + 8 * r < G ? q + ((int64_t)t * n_head + h0 + gid + 8 * r) * HD : nullptr;
+        mi_attn_q_frags<HD>(qrow, tig, qa, ql);
     }
     float o[ND][4];
 #pragma unroll
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // rows gid, gid + 8; l: this lane's columns
-    for (int j0 = k0 + warp * MI_ATTN_MMA_TILE; j0 < k1; j0 += TILE) {
-        // K rows j0 + 8nt + gid (n-tile nt), V rows j0 + {2tig, 2tig+1, 8+2tig, 9+2tig}: clamped to
-        // k1 - 1 (masked slots get weight 0, and a clamped row is a written, finite one).
-        uint4 kr[2][HD / 32], vr[4][NV];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            const __half *row = kc + (int64_t)min(j0 + 8 * nt + gid, k1 - 1) * kvd + g * HD + 8 * tig;
-#pragma unroll
-            for (int c = 0; c < HD / 32; c++) kr[nt][c] = *(const uint4 *)(row + 32 * c);
-        }
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const __half *row = vc + (int64_t)min(j0 + 8 * (r >> 1) + 2 * tig + (r & 1), k1 - 1) * kvd + g * HD + 8 * gid;
-#pragma unroll
-            for (int mm = 0; mm < NV; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
-        }
-        // Four independent accumulators per n-tile (hi / lo x even / odd k-step: chains of KS / 2
-        // mma instead of 2 KS), summed in a fixed order.
-        float sc[2][4], sp[2][4][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int a = 0; a < 4; a++) sp[nt][a][0] = sp[nt][a][1] = sp[nt][a][2] = sp[nt][a][3] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < HD / 32; c++)
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                mi_mma_f16(sp[nt][0], qa[2 * c], kr[nt][c].x, kr[nt][c].y);
-                mi_mma_f16(sp[nt][1], ql[2 * c], kr[nt][c].x, kr[nt][c].y);
-                mi_mma_f16(sp[nt][2], qa[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
-                mi_mma_f16(sp[nt][3], ql[2 * c + 1], kr[nt][c].z, kr[nt][c].w);
-            }
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                sc[nt][i] = __fadd_rn(__fadd_rn(sp[nt][0][i], sp[nt][2][i]), __fadd_rn(sp[nt][1][i], sp[nt][3][i]));
-        // sc[nt][2r + e]: row gid + 8r, slot j0 + 8nt + 2tig + e.
-        float corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float v = j0 + 8 * nt + 2 * tig + e < k1 ? __fmul_rn(sc[nt][2 * r + e], scale) : -INFINITY;
-                    sc[nt][2 * r + e] = v;
-                    mx = fmaxf(mx, v);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 2));
-            const float mn = fmaxf(m[r], mx); // finite: slot j0 < k1
-            corr[r] = expf(m[r] - mn);        // 0 on the first step
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float p = expf(sc[nt][2 * r + e] - mn);
-                    sc[nt][2 * r + e] = p;
-                    sum = __fadd_rn(sum, p);
-                }
-            l[r] = __fadd_rn(__fmul_rn(l[r], corr[r]), sum);
-            m[r] = mn;
-        }
-        // P's A fragment (k = slot: 2tig + e from n-tile 0, 8 + 2tig + e from n-tile 1), hi and lo.
-        // P scaled by 2^12 first (exact): P's lo part then stays a normal f16 for weights down to
-        // 2^-15, where unscaled it went subnormal below 2^-3 (an absolute error of ~3e-8); O is
-        // scaled back by 2^-12 (exact) before the merge. l sums the unscaled f32 weights.
-        constexpr float PS = 4096.0f;
-        uint32_t pa[4], pl[4];
-        mi_split_f16x2(sc[0][0] * PS, sc[0][1] * PS, pa[0], pl[0]);
-        mi_split_f16x2(sc[0][2] * PS, sc[0][3] * PS, pa[1], pl[1]);
-        mi_split_f16x2(sc[1][0] * PS, sc[1][1] * PS, pa[2], pl[2]);
-        mi_split_f16x2(sc[1][2] * PS, sc[1][3] * PS, pa[3], pl[3]);
-#pragma unroll
-        for (int mm = 0; mm < NV; mm++) {
-            const uint32_t *w0 = (const uint32_t *)&vr[0][mm], *w1 = (const uint32_t *)&vr[1][mm];
-            const uint32_t *w2 = (const uint32_t *)&vr[2][mm], *w3 = (const uint32_t *)&vr[3][mm];
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t sel = i & 1 ? 0x7632u : 0x5410u;
-                const uint32_t b0 = __byte_perm(w0[i / 2], w1[i / 2], sel), b1 = __byte_perm(w2[i / 2], w3[i / 2], sel);
-                float(&on)[4] = o[8 * mm + i];
-                on[0] = __fmul_rn(on[0], corr[0]);
-                on[1] = __fmul_rn(on[1], corr[0]);
-                on[2] = __fmul_rn(on[2], corr[1]);
-                on[3] = __fmul_rn(on[3], corr[1]);
-                mi_mma_f16(on, pa, b0, b1);
-                mi_mma_f16(on, pl, b0, b1);
-            }
-        }
-    }
+    const int bound[2] = {k1, k1};                              // every row sees this split's slots
+    for (int j0 = k0 + warp * MI_ATTN_MMA_TILE; j0 < k1; j0 += TILE)
+        mi_attn_mma_tile<HD, false>(qa, ql, kc + g * HD, vc + g * HD, kvd, j0, k1, bound, scale, gid, tig, o, m, l);
     // Warps -> this split's partial per query head, as mi_attn_kernel: e_w = exp(m_w - M), then
     // the warps summed in order.
     __shared__ float sm_m[NW][R], sm_l[NW][R], sm_e[NW][R], sm_M[R];
@@ -562,122 +592,21 @@ __global__ void __launch_bounds__(NW * 32)
     mi_pdl_wait();
     mi_pdl_trigger();
     uint32_t qa[KS][4], ql[KS][4];
-#pragma unroll
-    for (int c = 0; c < HD / 32; c++) {
-        float v[2][8];
+    {
+        const float *qrow[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int t = t0 + gid + 8 * r;
-            if (t < nt) {
-                const float4 *p = (const float4 *)(q + ((int64_t)t * n_head + h) * HD + 32 * c + 8 * tig);
-                const float4 a = p[0], b = p[1];
-                v[r][0] = a.x; v[r][1] = a.y; v[r][2] = a.z; v[r][3] = a.w;
-                v[r][4] = b.x; v[r][5] = b.y; v[r][6] = b.z; v[r][7] = b.w;
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++) v[r][i] = 0.0f;
-            }
+            qrow[r] = t < nt ? q + ((int64_t)t * n_head + h) * HD : nullptr;
         }
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int kk = 2 * c + e;
-            mi_split_f16x2(v[0][4 * e], v[0][4 * e + 1], qa[kk][0], ql[kk][0]);
-            mi_split_f16x2(v[1][4 * e], v[1][4 * e + 1], qa[kk][1], ql[kk][1]);
-            mi_split_f16x2(v[0][4 * e + 2], v[0][4 * e + 3], qa[kk][2], ql[kk][2]);
-            mi_split_f16x2(v[1][4 * e + 2], v[1][4 * e + 3], qa[kk][3], ql[kk][3]);
-        }
+        mi_attn_q_frags<HD>(qrow, tig, qa, ql);
     }
     float o[ND][4];
 #pragma unroll
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    for (int j0 = warp * MI_ATTN_MMA_TILE; j0 < k1; j0 += TILE) {
-        uint4 kr[2][HD / 32], vr[4][NV];
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-            const __half *row = kc + (int64_t)min(j0 + 8 * n + gid, k1 - 1) * kvd + g * HD + 8 * tig;
-#pragma unroll
-            for (int c = 0; c < HD / 32; c++) kr[n][c] = *(const uint4 *)(row + 32 * c);
-        }
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const __half *row = vc + (int64_t)min(j0 + 8 * (r >> 1) + 2 * tig + (r & 1), k1 - 1) * kvd + g * HD + 8 * gid;
-#pragma unroll
-            for (int mm = 0; mm < NV; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
-        }
-        float sc[2][4], sp[2][4][4];
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int a = 0; a < 4; a++) sp[n][a][0] = sp[n][a][1] = sp[n][a][2] = sp[n][a][3] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < HD / 32; c++)
-#pragma unroll
-            for (int n = 0; n < 2; n++) {
-                mi_mma_f16(sp[n][0], qa[2 * c], kr[n][c].x, kr[n][c].y);
-                mi_mma_f16(sp[n][1], ql[2 * c], kr[n][c].x, kr[n][c].y);
-                mi_mma_f16(sp[n][2], qa[2 * c + 1], kr[n][c].z, kr[n][c].w);
-                mi_mma_f16(sp[n][3], ql[2 * c + 1], kr[n][c].z, kr[n][c].w);
-            }
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                sc[n][i] = __fadd_rn(__fadd_rn(sp[n][0][i], sp[n][2][i]), __fadd_rn(sp[n][1][i], sp[n][3][i]));
-        // sc[n][2r + e]: row gid + 8r, slot j0 + 8n + 2tig + e.
-        float corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float v = j0 + 8 * n + 2 * tig + e < nkv[r] ? __fmul_rn(sc[n][2 * r + e], scale) : -INFINITY;
-                    sc[n][2 * r + e] = v;
-                    mx = fmaxf(mx, v);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 2));
-            // A row may have seen no slot yet (its position is below this warp's tiles so far).
-            const float mn = fmaxf(m[r], mx);
-            corr[r] = mn == -INFINITY ? 1.0f : expf(m[r] - mn);
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float p = mn == -INFINITY ? 0.0f : expf(sc[n][2 * r + e] - mn);
-                    sc[n][2 * r + e] = p;
-                    sum = __fadd_rn(sum, p);
-                }
-            l[r] = __fadd_rn(__fmul_rn(l[r], corr[r]), sum);
-            m[r] = mn;
-        }
-        constexpr float PS = 4096.0f; // as the decode kernel: P's lo part stays a normal f16
-        uint32_t pa[4], pl[4];
-        mi_split_f16x2(sc[0][0] * PS, sc[0][1] * PS, pa[0], pl[0]);
-        mi_split_f16x2(sc[0][2] * PS, sc[0][3] * PS, pa[1], pl[1]);
-        mi_split_f16x2(sc[1][0] * PS, sc[1][1] * PS, pa[2], pl[2]);
-        mi_split_f16x2(sc[1][2] * PS, sc[1][3] * PS, pa[3], pl[3]);
-#pragma unroll
-        for (int mm = 0; mm < NV; mm++) {
-            const uint32_t *w0 = (const uint32_t *)&vr[0][mm], *w1 = (const uint32_t *)&vr[1][mm];
-            const uint32_t *w2 = (const uint32_t *)&vr[2][mm], *w3 = (const uint32_t *)&vr[3][mm];
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t sel = i & 1 ? 0x7632u : 0x5410u;
-                const uint32_t b0 = __byte_perm(w0[i / 2], w1[i / 2], sel), b1 = __byte_perm(w2[i / 2], w3[i / 2], sel);
-                float(&on)[4] = o[8 * mm + i];
-                on[0] = __fmul_rn(on[0], corr[0]);
-                on[1] = __fmul_rn(on[1], corr[0]);
-                on[2] = __fmul_rn(on[2], corr[1]);
-                on[3] = __fmul_rn(on[3], corr[1]);
-                mi_mma_f16(on, pa, b0, b1);
-                mi_mma_f16(on, pl, b0, b1);
-            }
-        }
-    }
+    for (int j0 = warp * MI_ATTN_MMA_TILE; j0 < k1; j0 += TILE)
+        mi_attn_mma_tile<HD, true>(qa, ql, kc + g * HD, vc + g * HD, kvd, j0, k1, nkv, scale, gid, tig, o, m, l);
     // Warps -> rows: e_w = exp(m_w - M) per (warp, row), the warps summed in order, then / L.
     __shared__ float sm_m[NW][R], sm_l[NW][R], sm_e[NW][R];
     __shared__ float sm_acc[NW][R][HD + 4];
