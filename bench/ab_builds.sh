@@ -16,6 +16,7 @@ root=$(pwd)
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
+rm -rf /tmp/ab  # pip --target does not replace an existing package: never bench an earlier call's builds
 mkdir -p /tmp/ab/src_old
 tar -xzf "$old_tar" -C /tmp/ab/src_old
 for side in old new; do

@@ -20,6 +20,7 @@ from bench_gpu import SHAPES, prefill, synthetic_model, types_for  # noqa: E402
 
 
 def main() -> None:
+    """Build the model, fill the cache to --depth, run the one forward Nsight Compute looks at."""
     from pyminfer import _core
 
     ap = argparse.ArgumentParser()

@@ -23,12 +23,15 @@ from bench_gpu import SHAPES, prefill, synthetic_model, types_for
 
 
 def step(ctx, tok: int, pos: int) -> int:
+    """One draft step as the speculative loop takes it: token ``tok`` at ``pos``, argmax read back
+    (folded below 1000 so the synthetic model's next token stays in a small range)."""
     am = np.zeros(1, np.int32)
     ctx.forward(np.array([tok], np.int32), np.array([pos], np.int32), np.zeros(1, np.int32), argmax=am)
     return int(am[0]) % 1000
 
 
 def main() -> None:
+    """Build both synthetic models, then time verify / draft / both for each (nt, j), interleaved."""
     from pyminfer import _core
 
     ap = argparse.ArgumentParser()
@@ -54,20 +57,24 @@ def main() -> None:
     p0 = args.depth
     am = np.zeros(16, np.int32)
 
-    def verify_alone(nt):
+    def verify_alone(nt: int) -> float:
+        """Seconds of one submitted nt-row target forward, waited for."""
         t0 = time.perf_counter()
         T.forward_submit(np.full(nt, 5, np.int32), np.arange(p0, p0 + nt, dtype=np.int32), np.arange(nt, dtype=np.int32))
         T.forward_wait(am)
         return time.perf_counter() - t0
 
-    def draft_alone(j):
+    def draft_alone(j: int) -> float:
+        """Seconds of j draft steps."""
         t0 = time.perf_counter()
         y = 3
         for i in range(j):
             y = step(D, y, p0 + i)
         return time.perf_counter() - t0
 
-    def overlapped(nt, j):
+    def overlapped(nt: int, j: int) -> tuple[float, bool]:
+        """Seconds of the target's nt rows submitted, j draft steps, the wait; and whether the
+        target had finished by the end of the draft steps."""
         t0 = time.perf_counter()
         T.forward_submit(np.full(nt, 5, np.int32), np.arange(p0, p0 + nt, dtype=np.int32), np.arange(nt, dtype=np.int32))
         y = 3
@@ -80,7 +87,7 @@ def main() -> None:
     for nt in nts:  # warm every graph
         verify_alone(nt)
     draft_alone(max(steps))
-    res: dict = {}
+    res: dict[tuple, list] = {}  # ("T", nt) / ("D", j) / ("O", nt, j): seconds; ("done", nt, j): bools
     for _ in range(args.reps):
         for nt in nts:
             res.setdefault(("T", nt), []).append(verify_alone(nt))

@@ -251,6 +251,8 @@ cdef class Context:
                 ap = &argmax[0]
             with nogil:
                 rc = mi_forward_wait(c, ap)
+            if rc == 0:
+                self._pend_n_out = 0
         _check(rc)
 
     def gpu_replay_ms(self, int nt, int reps=100) -> float:

@@ -144,8 +144,13 @@ def test_mmq_matches_float64(typ, n_cols, nt):
     check_mmq(core.mmq(typ, w, n_rows, n_cols, x), ref, (bg.NAMES[typ], n_cols, nt))
 
 
-@pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K, bg.F32], ids=lambda t: bg.NAMES[t])
-@pytest.mark.parametrize("n_rows,n_cols,nt,splits", [(300, 1536, 37, ""), (1536, 4608, 200, ""), (300, 4608, 16, "3")])
+MMQ_STAGE_CASES = [(typ, *case) for typ in (bg.Q4_K, bg.Q6_K, bg.F32)
+                   for case in ((300, 1536, 37, ""), (1536, 4608, 200, ""), (300, 4608, 16, "3"))]
+MMQ_STAGE_CASES += [(typ, 200, 1568, 64, "") for typ in (bg.Q8_0, bg.F32)]  # 49 chunks: a zero-filled half step
+
+
+@pytest.mark.parametrize("typ,n_rows,n_cols,nt,splits", MMQ_STAGE_CASES,
+                         ids=[f"{bg.NAMES[c[0]]}-{c[1]}x{c[2]}-nt{c[3]}-s{c[4] or 'auto'}" for c in MMQ_STAGE_CASES])
 def test_mmq_stages_same_bits(typ, n_rows, n_cols, nt, splits, monkeypatch):
     """One or two shared-memory buffers (MI_CUDA_MMQ_STAGES): the same products in the same order,
     so the same bits, with and without K-split; both within the float64 bound."""
@@ -696,7 +701,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
-                                     ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2")])
+                                     ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
+                                     ("MI_CUDA_MMQ_STAGES", "3")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):
@@ -756,9 +762,10 @@ def test_out_rows_subset_and_argmax_only():
 
 
 @pytest.mark.parametrize("graphs", [True, False])
-def test_submitted_forwards_overlap_and_match(graphs):
-    """Two contexts with forwards in flight together (the speculative loop's draft steps under the
-    target's verify) give the argmax ids each gives alone; one forward in flight per context."""
+def test_submitted_forwards_run_alongside_and_match(graphs):
+    """Two contexts with forwards queued together (the draft's steps while the target's submitted
+    batch may still run: whether they overlap is bench/overlap_probe.py's question) give the argmax
+    ids each gives alone; one forward in flight per context."""
     V = SMALL["n_vocab"]
     a_model, b_model = small_model(21), small_model(22, n_layer=1)
     prompt = [5, 9, 2, 7, 11, 3]

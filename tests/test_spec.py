@@ -156,3 +156,5 @@ def test_submit_wait_matches_forward(smol_path):
             m.wait()
         with pytest.raises(ValueError, match="exceed the context"):
             m.submit(ids, 30, [0])
+        with pytest.raises(NativeError, match="no submitted forward"):
+            m.wait()  # the refused submit left nothing pending

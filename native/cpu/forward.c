@@ -35,7 +35,7 @@ struct mi_ctx {
     int32_t logits_cap;
     mi_block_q8a *xq;     /* [max_nt][max(n_embd, n_ff, q_dim)/32] quantized activations */
     int32_t pending;      /* a submitted forward not yet waited for (mi_forward_submit) */
-    int32_t pend_n_out;
+    int32_t pend_n_out;   /* its out rows: the argmax ids mi_forward_wait copies */
     int32_t *pend_argmax; /* [max_nt] the CPU's submitted forward's argmax ids */
 #ifdef MI_HAS_CUDA
     mi_cuda_ctx *cuda;

@@ -14,7 +14,8 @@ void mi_cuda_ctx_free(mi_cuda_ctx *c);
 int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
                     int32_t n_out, float *logits, int32_t *argmax);
 /* mi_forward split in two (see mi_forward_submit): queue the forward and the argmax copy on the
- * context's stream; then wait for it (logits: the n_out rows, copied after the wait). */
+ * context's stream; then wait for it (logits: the n_out rows, copied by the wait). A failed submit
+ * leaves nothing in flight; freeing the context waits for a submitted forward. */
 int mi_cuda_forward_submit(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
                            const int32_t *out_rows, int32_t n_out, int32_t want_argmax);
 /* 1 finished, 0 running, < 0 error (mi_set_error). */

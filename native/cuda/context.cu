@@ -120,7 +120,7 @@ struct mi_cuda_ctx {
     float *part;           // [part_rows][n_head][MI_ATTN_SPLITS][head_dim+2] attention partials
     int part_rows;         // rows the decode attention kernels can get: max_nt, or <= 9 when the
                            // GEMM path's forwards (nt >= MI_MMQ_MIN_NT) take the prefill kernel
-                           // (204 MB less on the 1.5B at max_nt 512)
+                           // (201 MB less on the 1.5B at max_nt 512)
     float *logits;         // [max_nt][n_vocab]
     int32_t *ints;         // device: tokens[max_nt], pos[max_nt], out_rows[max_nt], n_out[1], argmax[max_nt]
     int32_t *h_ints;       // pinned host staging, same layout
@@ -246,6 +246,8 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
             return mi_cuda_mmq(w, xf, ldx, rows_in, y, ldy, bias, acc, c->mmq_scratch, c->mmq_scratch_floats, s);
         return mi_cuda_mmvq(w, nullptr, xq, xf, ldx, rows_in, y, ldy, bias, acc, s);
     };
+    if (!(gemm && c->attn_prefill) && nt > c->part_rows) // unreachable: part_rows follows the same rule
+        return mi_set_error(MI_ERR_ARG, "decode attention over %d rows, scratch for %d", nt, c->part_rows);
     if (prof) mi_prof_mark(c, -1);
     MI_RUNK(MI_P_EMBED, mi_cuda_embed_rope(&c->tok_embd, tok, pos, nt, HD, c->rope_base, c->x, c->rope_cs, s));
     for (int l = 0; l < c->n_layer; l++) {
@@ -300,8 +302,6 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
         if (!fuse_rope)
             MI_RUNK(MI_P_ROPE, mi_cuda_rope_kv(c->q, c->k, c->v, nt, c->n_head, c->n_head_kv, HD, c->rope_type, c->rope_cs, pos, kc, vc,
                                s));
-        if (!(gemm && c->attn_prefill) && nt > c->part_rows) // unreachable: part_rows follows the same rule
-            return mi_set_error(MI_ERR_ARG, "decode attention over %d rows, scratch for %d", nt, c->part_rows);
         if (gemm && c->attn_prefill) {
             // Prompt chunks: one tensor-core block per 16 rows and head (the GEMM path's tolerance);
             // its output is f32 only, which wo's GEMM reads (attn_prefill: every wo has one).
@@ -421,6 +421,8 @@ extern "C" const char *mi_cuda_device_name(void) {
 
 extern "C" void mi_cuda_ctx_free(mi_cuda_ctx *c) {
     if (!c) return;
+    // A submitted forward still running reads the buffers freed below and copies into h_ints.
+    if (c->stream && c->pending) cudaStreamSynchronize(c->stream);
     if (c->prof && c->prof_calls) {
         double tot = 0;
         for (int k = 0; k < MI_P_N; k++) tot += c->prof_ms[k];
@@ -463,6 +465,11 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->fuse_quant = fe && strcmp(fe, "1") == 0;
     const char *me = getenv("MI_CUDA_MMQ");
     c->no_mmq = me && strcmp(me, "0") == 0;
+    int mmq_stages = 0;
+    if (const int rc = mi_cuda_mmq_stages(&mmq_stages)) {
+        free(c);
+        return rc;
+    }
     const char *ae = getenv("MI_CUDA_ATTN_SPLITS");
     char *ae_end = nullptr;
     const long splits = ae ? strtol(ae, &ae_end, 10) : MI_ATTN_SPLITS;
@@ -687,9 +694,24 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     return MI_OK;
 }
 
+static int mi_cuda_forward_queue(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
+                                 const int32_t *out_rows, int32_t n_out, int32_t want_argmax);
+
 extern "C" int mi_cuda_forward_submit(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
                                       const int32_t *out_rows, int32_t n_out, int32_t want_argmax) {
     if (c->pending) return mi_set_error(MI_ERR_ARG, "a submitted forward has not been waited for");
+    const int rc = mi_cuda_forward_queue(c, tokens, pos, nt, out_rows, n_out, want_argmax);
+    if (rc) { // part of the forward may be queued: let it drain before h_ints is written again
+        cudaStreamSynchronize(c->stream);
+        cudaGetLastError();
+        c->n_ev = 0;
+    }
+    return rc;
+}
+
+// The body of mi_cuda_forward_submit: the copies in, the graph (or the launches), the argmax copy out.
+static int mi_cuda_forward_queue(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
+                                 const int32_t *out_rows, int32_t n_out, int32_t want_argmax) {
     const int M = c->max_nt;
     // h_ints is pinned: the copies below are truly asynchronous, and nothing writes h_ints again
     // before the wait (one forward in flight per context).

@@ -279,12 +279,36 @@ template <int S> mi_mmq_fn mi_mmq_kernel_stages(int type) {
     }
 }
 
-// MI_CUDA_MMQ_STAGES: 1 or 2 shared-memory buffers (mi_mmq_kernel); unset or empty: the default.
-// Read at every call (the GEMM path is never graphed). Anything else is refused.
-int mi_mmq_stages(int *out) {
+size_t mi_mmq_smem_bytes(int stages) {
+    const size_t ab = (size_t)stages * MI_MMQ_SMEM_AB;
+    return ab > MI_MMQ_SMEM_C ? ab : MI_MMQ_SMEM_C;
+}
+
+// Two stages where two blocks of them fit an SM (the kernel's launch bound; sm_80 / sm_90: 164 /
+// 228 KB an SM), else one: on sm_86 / sm_89 (100 KB) two-stage blocks would run one an SM, a case
+// not measured. 1 KB a block is reserved by the system.
+int mi_mmq_default_stages() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+            cudaGetLastError();
+            return 1;
+        }
+        return (size_t)v >= 2 * (mi_mmq_smem_bytes(2) + 1024) ? 2 : 1;
+    }();
+    return n;
+}
+
+} // namespace
+
+// MI_CUDA_MMQ_STAGES: 1 or 2 shared-memory buffers (mi_mmq_kernel); unset or empty: by the device
+// (mi_mmq_default_stages). Read at every call (the GEMM path is never graphed); anything else is
+// refused (MI_ERR_ARG), also at context creation (mmq.cuh).
+int mi_cuda_mmq_stages(int *out) {
     const char *e = getenv("MI_CUDA_MMQ_STAGES");
     if (!e || !*e) {
-        *out = MI_MMQ_STAGES_DEFAULT;
+        *out = mi_mmq_default_stages();
         return MI_OK;
     }
     if (strcmp(e, "1") && strcmp(e, "2")) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMQ_STAGES must be 1 or 2, got '%s'", e);
@@ -292,10 +316,7 @@ int mi_mmq_stages(int *out) {
     return MI_OK;
 }
 
-size_t mi_mmq_smem_bytes(int stages) {
-    const size_t ab = (size_t)stages * MI_MMQ_SMEM_AB;
-    return ab > MI_MMQ_SMEM_C ? ab : MI_MMQ_SMEM_C;
-}
+namespace {
 
 } // namespace
 
@@ -310,7 +331,7 @@ size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
 int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
                 int accumulate, float *scratch, size_t scratch_floats, cudaStream_t s) {
     int stages = 0;
-    if (const int rc = mi_mmq_stages(&stages)) return rc;
+    if (const int rc = mi_cuda_mmq_stages(&stages)) return rc;
     const mi_mmq_fn kernel = stages == 2 ? mi_mmq_kernel_stages<2>(w->type) : mi_mmq_kernel_stages<1>(w->type);
     if (!kernel) return mi_set_error(MI_ERR_TYPE, "CUDA mmq: unsupported type %d", w->type);
     if (w->n_cols % 32 || w->n_cols <= 0 || w->n_rows <= 0 || (w->n_rows + BM - 1) / BM > 65535 || nt < 1 ||

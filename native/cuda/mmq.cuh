@@ -11,7 +11,8 @@
 // Shared memory: Ws [BM][BK+8] f16 + Xs [BN][BK+8] f16 (the +8 halves shift rows across banks),
 // twice (two stages: the MMAs read one pair while the next step is staged into the other), reused
 // after the K loop as the f32 staging tile Cs [BN][BM+4] of the epilogue: 55,296 bytes, two blocks
-// per SM (MI_CUDA_MMQ_STAGES=1: one pair, 33,792 bytes). Why these sizes: 2 x 2 accumulators of 16 x 16 are 32 f32 registers per
+// per SM on sm_80 / sm_90; one pair (33,792 bytes) where two such blocks would not fit an SM
+// (sm_86 / sm_89) or with MI_CUDA_MMQ_STAGES=1. Why these sizes: 2 x 2 accumulators of 16 x 16 are 32 f32 registers per
 // thread, which keeps the kernel under 128 registers (two blocks of 8 warps per SM); BK = 64 is
 // exactly one chunk per thread per step; 128 x 64 still gives a 1536-row matrix 96 tiles at
 // nt = 512. The f16 conversion bounds the inputs: |W| and |x| must stay below 65504.
@@ -41,7 +42,6 @@
 #define MI_MMQ_BN 64        // activation rows per block
 #define MI_MMQ_BK 64        // columns per K step
 #define MI_MMQ_MAX_SPLIT 16 // most K splits
-#define MI_MMQ_STAGES_DEFAULT 2 // shared-memory buffers of the K loop (mmq.cu; MI_CUDA_MMQ_STAGES)
 // Below this the forward uses MMVQ (bitwise nt contract, weight-bandwidth bound): up to 8 rows in
 // one launch, and nt = 9 as 8 + 1 (graphed like nt <= 8, and bitwise): on the H200's synthetic
 // 1.5B 2.97 ms against 4.26 ms for the GEMM at nt = 10 (docs/perf.md, session 6).
@@ -62,6 +62,11 @@ static inline bool mi_cuda_mmq_applies(int type, int64_t n_cols, int nt) {
 // when the tile grid has fewer blocks than SMs, so splits * nt * n_rows < 3 * SMs * BM * BN
 // (12.4 MiB on 132 SMs) whatever the shape; 0 when n_rows alone gives enough blocks.
 size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt);
+
+// Shared-memory stages the GEMM takes now (MI_CUDA_MMQ_STAGES, else by the device): *out = 1 or 2;
+// MI_ERR_ARG for another value of the variable (context creation checks it, so a forward does not
+// fail half-way).
+int mi_cuda_mmq_stages(int *out);
 
 // y[t*ldy + r] (= or +=) bias[r] + sum_c W[r,c] * x[t*ldx + c], t < nt, r < w->n_rows:
 //   w: [n_rows][row_bytes] in its GGUF layout (any type of mi_cuda_mmq_applies; n_cols % 32 == 0);

@@ -238,7 +238,7 @@ __device__ __forceinline__ void mi_group_quant(const mi_mmvq_out &os, int r0, in
     if (!last) return;
     __threadfence();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    constexpr int W = MI_MMVQ_THREADS / 32, K = (NT + W - 1) / W; // (both kernels: 128 threads)
+    constexpr int W = MI_MMVQ_THREADS / 32, K = (NT + W - 1) / W; // both kernels' blocks (static_assert below)
     float v[K];                                                   // loads before the stores, as above
 #pragma unroll
     for (int k = 0; k < K; k++) v[k] = warp + k * W < NT ? __ldcg(os.y[0] + (warp + k * W) * os.ldy[0] + 32 * g + lane) : 0.0f;
@@ -314,6 +314,7 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 // independent weight loads per lane are in flight; U only changes scheduling, never the order of
 // any sum, so U may depend on NT (fewer registers for wide NT) and rows stay bitwise equal.
 constexpr int MI_MMVQ_WARPS = 4;
+static_assert(MI_MMVQ_WARPS * 32 == MI_MMVQ_THREADS, "mi_group_quant: one block size for both kernels");
 
 
 template <int T, int NT, bool GLU, int U>

@@ -80,7 +80,8 @@ int mi_forward(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t n
  * mi_forward_ready says whether it has finished (1), is still running (0) or failed (< 0: an error
  * code); mi_forward_wait waits and writes the n_out argmax ids (may be NULL to discard them).
  * One forward in flight per context: submit with one pending, mi_forward or mi_gpu_replay_ms
- * before the wait is MI_ERR_ARG. The CPU computes at submit (ready is then always 1). */
+ * before the wait is MI_ERR_ARG; a failed submit leaves nothing pending; mi_ctx_free waits for a
+ * submitted forward. The CPU computes at submit (ready is then always 1). */
 int mi_forward_submit(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
                       int32_t n_out);
 int mi_forward_ready(mi_ctx *ctx);
