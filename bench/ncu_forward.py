@@ -5,7 +5,8 @@ forward of --nt rows. Run it under ncu with a kernel filter, e.g.
     MI_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name regex:mi_mmvq --launch-count 10 \
         --section SpeedOfLight --section WarpStateStats python3 bench/ncu_forward.py --nt 8
 
-(the prompt chunks run the tensor-core GEMM, so the first mat-vec launches are the forward's.)
+(the prompt chunks run the tensor-core GEMM, so the first mat-vec launches are the forward's).
+bench/ncu_step.py does the same for a real GGUF file; this one needs no file on the GPU machine.
 """
 from __future__ import annotations
 
