@@ -234,7 +234,7 @@ cdef class Context:
         cdef int rc
         with self._lock:
             rc = mi_forward_ready(self._open())
-        _check(rc if rc < 0 else 0)
+        _check(-rc if rc < 0 else 0)  # < 0: the error code negated
         return rc == 1
 
     def forward_wait(self, int32_t[::1] argmax=None) -> None:

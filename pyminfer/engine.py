@@ -90,7 +90,6 @@ class Model:
         self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(self.config.n_layer), n_ctx, max_nt, n_threads,
                                  self.device_id, keepalive=self.gguf)
         self.load_time = time.perf_counter() - t0
-        self._argmax_buf = np.zeros(max_nt, np.int32)
         self._pend_rows = 0  # out rows of the submitted forward (submit / wait)
 
     @property

@@ -221,7 +221,7 @@ int mi_forward_submit(mi_ctx *c, const int32_t *tokens, const int32_t *pos, int3
 }
 
 int mi_forward_ready(mi_ctx *c) {
-    if (!c) return mi_set_error(MI_ERR_ARG, "null context");
+    if (!c) return -mi_set_error(MI_ERR_ARG, "null context"); /* negated: 1 means finished */
 #ifdef MI_HAS_CUDA
     if (c->device == MI_DEVICE_CUDA) return mi_cuda_forward_ready(c->cuda);
 #endif

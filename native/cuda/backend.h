@@ -18,7 +18,7 @@ int mi_cuda_forward(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, i
  * leaves nothing in flight; freeing the context waits for a submitted forward. */
 int mi_cuda_forward_submit(mi_cuda_ctx *c, const int32_t *tokens, const int32_t *pos, int32_t nt,
                            const int32_t *out_rows, int32_t n_out, int32_t want_argmax);
-/* 1 finished, 0 running, < 0 error (mi_set_error). */
+/* 1 finished, 0 running, -MI_ERR_CUDA on an error (mi_set_error). */
 int mi_cuda_forward_ready(mi_cuda_ctx *c);
 int mi_cuda_forward_wait(mi_cuda_ctx *c, float *logits, int32_t *argmax);
 /* See mi_gpu_replay_ms. */

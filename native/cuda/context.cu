@@ -743,7 +743,7 @@ extern "C" int mi_cuda_forward_ready(mi_cuda_ctx *c) {
     const cudaError_t e = cudaStreamQuery(c->stream);
     if (e == cudaSuccess) return 1;
     if (e == cudaErrorNotReady) return 0;
-    return mi_set_error(MI_ERR_CUDA, "CUDA error: %s", cudaGetErrorString(e));
+    return -mi_set_error(MI_ERR_CUDA, "CUDA error: %s", cudaGetErrorString(e)); // negated: 1 means finished
 }
 
 extern "C" int mi_cuda_forward_wait(mi_cuda_ctx *c, float *logits, int32_t *argmax) {

@@ -77,8 +77,9 @@ int mi_forward(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t n
 /* Asynchronous forward for overlapping two contexts (speculative decoding runs the draft while the
  * target verifies; each CUDA context has its own stream): mi_forward_submit checks and queues the
  * same forward as mi_forward with argmax only (no logits) and returns without waiting;
- * mi_forward_ready says whether it has finished (1), is still running (0) or failed (< 0: an error
- * code); mi_forward_wait waits and writes the n_out argmax ids (may be NULL to discard them).
+ * mi_forward_ready says whether it has finished (1), is still running (0) or failed (the error code
+ * negated: -MI_ERR_ARG for a null context, -MI_ERR_CUDA); mi_forward_wait waits and writes the
+ * n_out argmax ids (may be NULL to discard them).
  * One forward in flight per context: submit with one pending, mi_forward or mi_gpu_replay_ms
  * before the wait is MI_ERR_ARG; a failed submit leaves nothing pending; mi_ctx_free waits for a
  * submitted forward. The CPU computes at submit (ready is then always 1). */
