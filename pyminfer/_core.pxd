@@ -1,5 +1,5 @@
 # Declarations of the C API in native/include/pyminfer.h (the one header the bindings use).
-from libc.stdint cimport int32_t, int64_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 
 cdef extern from "pyminfer.h" nogil:
     ctypedef struct mi_tensor:
@@ -41,6 +41,7 @@ cdef extern from "pyminfer.h" nogil:
                      int32_t nt, float *y, int32_t n_threads)
     int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
                        const float *bias, int32_t accumulate, float *y)
+    uint64_t mi_cuda_mmq_wide_launches()
     int mi_cuda_op_attention_prefill(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *pos,
                                      int32_t nt, int32_t n_kv, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                                      float scale, float *out)

@@ -85,6 +85,12 @@ def cuda_device_name() -> str:
     return mi_cuda_device_name().decode()
 
 
+def mmq_wide_launches() -> int:
+    """GEMM launches that took the 128-row activation tiles (native/cuda/mmq.cu, MI_CUDA_MMQ_BN)
+    in this process so far; 0 without CUDA. For tests: which kernel ran."""
+    return mi_cuda_mmq_wide_launches()
+
+
 def cuda_copy_bandwidth() -> float:
     """Device-to-device copy bandwidth of CUDA device 0 in bytes/s (read + write); raises
     RuntimeError when there is no CUDA device."""

@@ -152,10 +152,11 @@ MMQ_STAGE_CASES += [(typ, 200, 1568, 64, "") for typ in (bg.Q8_0, bg.F32)]  # 49
 @pytest.mark.parametrize("typ,n_rows,n_cols,nt,splits", MMQ_STAGE_CASES,
                          ids=[f"{bg.NAMES[c[0]]}-{c[1]}x{c[2]}-nt{c[3]}-s{c[4] or 'auto'}" for c in MMQ_STAGE_CASES])
 def test_mmq_stages_same_bits(typ, n_rows, n_cols, nt, splits, monkeypatch):
-    """One or two shared-memory buffers (MI_CUDA_MMQ_STAGES): the same products in the same order,
-    so the same bits, with and without K-split; both within the float64 bound."""
+    """One or two shared-memory buffers (MI_CUDA_MMQ_STAGES) of the 64-row kernel: the same products
+    in the same order, so the same bits, with and without K-split; both within the float64 bound."""
     w, x, ref = mmq_case(typ, n_rows, n_cols, nt, 7 * typ + nt)
     monkeypatch.setenv("MI_CUDA_MMQ_SPLITS", splits)
+    monkeypatch.setenv("MI_CUDA_MMQ_BN", "64")  # the stages are the 64-row kernel's
     out = {}
     for stages in ("1", "2"):
         monkeypatch.setenv("MI_CUDA_MMQ_STAGES", stages)
@@ -165,6 +166,40 @@ def test_mmq_stages_same_bits(typ, n_rows, n_cols, nt, splits, monkeypatch):
     monkeypatch.setenv("MI_CUDA_MMQ_STAGES", "3")
     with pytest.raises(core.NativeError, match="MI_CUDA_MMQ_STAGES"):
         core.mmq(typ, w, n_rows, n_cols, x)
+
+
+MMQ_WIDE_CASES = [(bg.Q4_K, 300, 1536, 200, ""), (bg.Q6_K, 1536, 4608, 512, ""), (bg.Q5_0, 130, 800, 70, ""),
+                  (bg.F16, 200, 1568, 129, ""), (bg.F32, 64, 96, 65, ""), (bg.Q8_0, 8960, 1536, 256, ""),
+                  (bg.Q5_K, 200, 2560, 300, "3"), (bg.Q4_1, 17, 32, 100, "")]
+
+
+@pytest.mark.parametrize("typ,n_rows,n_cols,nt,splits", MMQ_WIDE_CASES,
+                         ids=[f"{bg.NAMES[c[0]]}-{c[1]}x{c[2]}-nt{c[3]}-s{c[4] or 'auto'}" for c in MMQ_WIDE_CASES])
+def test_mmq_wide_tiles(typ, n_rows, n_cols, nt, splits, monkeypatch):
+    """Calls of > 64 rows: the 128-row tiles (MI_CUDA_MMQ_BN=128: f16 activations by cp.async,
+    ldmatrix + mma.sync) and the 64-row kernel both within the float64 bound, with partial tiles in
+    both directions, K tails (800, 1568: a half-empty last step; 32: one chunk) and K-split; the
+    launch counter proves which kernel ran. Other values of the variable are refused."""
+    w, x, ref = mmq_case(typ, n_rows, n_cols, nt, 13 * typ + nt)
+    monkeypatch.setenv("MI_CUDA_MMQ_SPLITS", splits)
+    for bn in ("64", "128"):
+        monkeypatch.setenv("MI_CUDA_MMQ_BN", bn)
+        before = core.mmq_wide_launches()
+        check_mmq(core.mmq(typ, w, n_rows, n_cols, x), ref, (bg.NAMES[typ], n_rows, n_cols, nt, bn))
+        assert core.mmq_wide_launches() - before == (bn == "128"), bn
+    monkeypatch.setenv("MI_CUDA_MMQ_BN", "96")
+    with pytest.raises(core.NativeError, match="MI_CUDA_MMQ_BN"):
+        core.mmq(typ, w, n_rows, n_cols, x)
+
+
+def test_mmq_wide_tiles_not_below_65_rows(monkeypatch):
+    """64 rows or fewer keep the 64-row kernel whatever MI_CUDA_MMQ_BN says (a 128-row tile would
+    be at least half empty)."""
+    monkeypatch.setenv("MI_CUDA_MMQ_BN", "128")
+    w, x, ref = mmq_case(bg.Q4_K, 300, 512, 64, 5)
+    before = core.mmq_wide_launches()
+    check_mmq(core.mmq(bg.Q4_K, w, 300, 512, x), ref, "nt 64")
+    assert core.mmq_wide_launches() == before
 
 
 @pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K, bg.Q8_0, bg.F16], ids=lambda t: bg.NAMES[t])
@@ -702,7 +737,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
-                                     ("MI_CUDA_MMQ_STAGES", "3")])
+                                     ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):
@@ -745,6 +780,32 @@ def test_prefill_chunking_within_tolerance():
     finally:
         del os.environ["MI_CUDA_MMQ"]
     assert np.array_equal(lg[0], out[2])
+
+
+@pytest.mark.parametrize("P,nt", [(0, 100), (30, 130)])
+def test_wide_gemm_forward_within_tolerance(P, nt, monkeypatch):
+    """Forwards of > 64 rows run their GEMMs on the 128-row tiles (the default on the H200; k, v
+    and up reuse the f16 input q and gate converted, mmq_xh): within NMSE 1e-6 of the 64-row kernel
+    (MI_CUDA_MMQ_BN=64) and 1e-4 of the CPU, after P cached positions; the launch counter proves
+    that 7 GEMMs a layer (q, k, v, o, gate, up, down) took the wide tiles."""
+    model = small_model(12)
+    V = SMALL["n_vocab"]
+    prompt = list(np.random.default_rng(12).integers(0, V, P + nt))
+    rows = [0, nt // 2, nt - 1]
+    out = []
+    for bn in ("64", "128"):
+        monkeypatch.setenv("MI_CUDA_MMQ_BN", bn)
+        ctx = make_ctx(model, 1, n_ctx=256, max_nt=160)
+        prefill_chunks(ctx, prompt[:P], V, chunk=8)
+        before = core.mmq_wide_launches()
+        out.append(run(ctx, prompt[P:], range(P, P + nt), V, out_rows=rows)[0])
+        assert core.mmq_wide_launches() - before == (7 * SMALL["n_layer"] if bn == "128" else 0), bn
+    cpu = make_ctx(model, 0, n_ctx=256, max_nt=160)
+    prefill_chunks(cpu, prompt[:P], V, chunk=8)
+    lc = run(cpu, prompt[P:], range(P, P + nt), V, out_rows=rows)[0]
+    assert np.std(lc) > 0.1
+    assert nmse(out[1], out[0]) < 1e-6, nmse(out[1], out[0])
+    assert nmse(out[1], lc) < 1e-4, nmse(out[1], lc)
 
 
 def test_out_rows_subset_and_argmax_only():

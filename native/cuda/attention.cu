@@ -15,6 +15,7 @@
 #include <math.h>
 #include <type_traits>
 #include "attention.cuh"
+#include "mma.cuh"
 
 namespace {
 constexpr int MI_ATTN_THREADS = 128;
@@ -312,12 +313,6 @@ constexpr int MI_ATTN_MMA_TILE = 16; // slots per warp step
 // recomputes the splits from.
 __host__ __device__ constexpr int mi_attn_mma_warps(int G) { return G <= 8 ? 8 : 4; }
 
-__device__ __forceinline__ void mi_mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // x0, x1 -> f16 pairs hi = f16(x), lo = f16(x - hi) (x0 in the low half, the lower k index).
 __device__ __forceinline__ void mi_split_f16x2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
     const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);

@@ -112,6 +112,8 @@ struct mi_cuda_ctx {
     int32_t *amax_cnt;     // [max_nt] argmax block counters (kept zero between launches)
     float *mmq_scratch;    // [mmq_scratch_floats] K-split partials of the tensor-core GEMM
     size_t mmq_scratch_floats;
+    __half *mmq_xh;        // [max_nt][widest rounded up to 64] f16 GEMM input (wide tiles; NULL: max_nt <= 64)
+    size_t mmq_xh_halves;
     float *q, *k, *v;      // [max_nt][q_dim], [max_nt][kv_dim] x2
     float *att;            // [max_nt][q_dim] attention output
     float *ff;             // [max_nt][n_ff] SwiGLU output
@@ -240,10 +242,20 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
     // inputs, within a tolerance of the mat-vec path (mmq.cuh); below it the bitwise MMVQ.
     static_assert(MI_MMQ_MIN_NT > MI_GRAPH_MAX_NT, "graphs capture the mat-vec path only");
     const bool gemm = nt >= MI_MMQ_MIN_NT && !c->no_mmq;
+    // same_x: this GEMM reads the input the GEMM just before it read (k and v after q, up after
+    // gate), so the wide kernel's f16 copy of it (mmq_xh) is reused, not converted again.
+    const float *xh_of = nullptr; // the f32 input mmq_xh was last converted from (this forward)
+    int64_t xh_cols = 0;
     auto mm = [&](const mi_dtensor *w, const mi_block_q8a *xq, const float *xf, int64_t ldx, int rows_in, float *y,
-                  int64_t ldy, const float *bias, int acc) -> int {
-        if (gemm && mi_cuda_mmq_applies(w->type, w->n_cols, rows_in))
-            return mi_cuda_mmq(w, xf, ldx, rows_in, y, ldy, bias, acc, c->mmq_scratch, c->mmq_scratch_floats, s);
+                  int64_t ldy, const float *bias, int acc, bool same_x = false) -> int {
+        if (gemm && mi_cuda_mmq_applies(w->type, w->n_cols, rows_in)) {
+            const int ready = same_x && xh_of == xf && xh_cols == w->n_cols;
+            xh_of = xf;
+            xh_cols = w->n_cols;
+            return mi_cuda_mmq(w, xf, ldx, rows_in, y, ldy, bias, acc, c->mmq_scratch, c->mmq_scratch_floats, c->mmq_xh,
+                               c->mmq_xh_halves, ready, s);
+        }
+        xh_of = nullptr;
         return mi_cuda_mmvq(w, nullptr, xq, xf, ldx, rows_in, y, ldy, bias, acc, s);
     };
     if (!(gemm && c->attn_prefill) && nt > c->part_rows) // unreachable: part_rows follows the same rule
@@ -256,8 +268,8 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
         MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->attn_norm, c->rms_eps, E, c->xn, c->xq, s));
         if (gemm) {
             MI_RUNK(MI_P_MM_Q, mm(&L->wq, c->xq, c->xn, E, nt, c->q, QD, L->bq, 0));
-            MI_RUNK(MI_P_MM_Q, mm(&L->wk, c->xq, c->xn, E, nt, c->k, KD, L->bk, 0));
-            MI_RUNK(MI_P_MM_Q, mm(&L->wv, c->xq, c->xn, E, nt, c->v, KD, L->bv, 0));
+            MI_RUNK(MI_P_MM_Q, mm(&L->wk, c->xq, c->xn, E, nt, c->k, KD, L->bk, 0, true));
+            MI_RUNK(MI_P_MM_Q, mm(&L->wv, c->xq, c->xn, E, nt, c->v, KD, L->bv, 0, true));
         }
         const bool fuse_rope = !gemm && c->rope_fuse;
         // Launch groups of q/k/v: the stacked groups (n_qkv), or one mixed-type launch over both
@@ -321,7 +333,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
         bool quantized = false; // ffn_down needs no separate quantize launch
         if (gemm) {
             MI_RUNK(MI_P_MM_FFN_IN, mm(&L->gate, c->xq, c->xn, E, nt, c->gate, F, nullptr, 0));
-            MI_RUNK(MI_P_MM_FFN_IN, mm(&L->up, c->xq, c->xn, E, nt, c->up, F, nullptr, 0));
+            MI_RUNK(MI_P_MM_FFN_IN, mm(&L->up, c->xq, c->xn, E, nt, c->up, F, nullptr, 0, true));
             MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_swiglu(c->gate, c->up, c->ff, (int64_t)nt * F, s));
             quantized = mi_cuda_mmq_applies(L->down.type, F, nt); // the GEMM reads ff in f32: no q8a
         } else if (!c->split_ffn) {
@@ -465,8 +477,8 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->fuse_quant = fe && strcmp(fe, "1") == 0;
     const char *me = getenv("MI_CUDA_MMQ");
     c->no_mmq = me && strcmp(me, "0") == 0;
-    int mmq_stages = 0;
-    if (const int rc = mi_cuda_mmq_stages(&mmq_stages)) {
+    int mmq_stages = 0, mmq_bn = 0;
+    if (int rc = mi_cuda_mmq_stages(&mmq_stages); rc || (rc = mi_cuda_mmq_bn(&mmq_bn))) {
         free(c);
         return rc;
     }
@@ -619,6 +631,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         const size_t f = mi_cuda_mmq_scratch_floats(nr, max_nt);
         if (f > mmq_floats) mmq_floats = f;
     }
+    const size_t mmq_xh = c->no_mmq ? 0 : mi_cuda_mmq_xh_halves(widest, max_nt);
     // Forwards of nt >= MI_MMQ_MIN_NT rows run the decode attention only without the GEMM path or
     // the prefill kernel (mi_enqueue's rule); the others have at most MI_MMQ_MIN_NT - 1 rows.
     c->part_rows = c->attn_prefill && !c->no_mmq && max_nt > MI_MMQ_MIN_NT - 1 ? MI_MMQ_MIN_NT - 1 : max_nt;
@@ -639,6 +652,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         (size_t)max_nt * d->n_head * 4,                            // attn_cnt
         (size_t)(F / 32 + 1) * 4,                                  // ff_cnt
         mmq_floats * 4,                                            // mmq_scratch
+        mmq_xh * sizeof(__half),                                   // mmq_xh
         (size_t)max_nt * MI_ARGMAX_BLOCKS * 4, (size_t)max_nt * MI_ARGMAX_BLOCKS * 4, (size_t)max_nt * 4, // argmax
     };
     const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
@@ -665,7 +679,8 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->ints = (int32_t *)ptrs[15];
     c->xq_ff = (mi_block_q8a *)ptrs[16]; c->attn_cnt = (int32_t *)ptrs[17]; c->ff_cnt = (int32_t *)ptrs[18];
     c->mmq_scratch = (float *)ptrs[19]; c->mmq_scratch_floats = mmq_floats;
-    c->amax_v = (float *)ptrs[20]; c->amax_i = (int32_t *)ptrs[21]; c->amax_cnt = (int32_t *)ptrs[22];
+    c->mmq_xh = (__half *)ptrs[20]; c->mmq_xh_halves = mmq_xh;
+    c->amax_v = (float *)ptrs[21]; c->amax_i = (int32_t *)ptrs[22]; c->amax_cnt = (int32_t *)ptrs[23];
     MI_FAIL([&]() -> int {
         MI_CUDA_TRY(cudaMallocHost(&c->h_ints, ((size_t)4 * max_nt + 1) * 4));
         MI_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

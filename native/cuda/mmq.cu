@@ -2,6 +2,7 @@
 #include <mma.h>
 #include <stdlib.h>
 #include <string.h>
+#include "mma.cuh"
 #include "mmq.cuh"
 #include "qtypes.cuh"
 
@@ -230,6 +231,156 @@ __global__ void __launch_bounds__(MI_MMQ_THREADS, 2)
     }
 }
 
+// ---- Wide tiles (MI_CUDA_MMQ_BN=128, the default where two blocks fit an SM) ----
+// The kernel above is bound by its shared-memory traffic (Nsight Compute, 7B shape at pp512: L1
+// 82% busy, issue slots 40%): every m16n16k16 needs one 512-byte fragment load, and each weight
+// tile is dequantized for only 64 activation rows. Here a block owns BM = 128 weight rows x
+// BNW = 128 activation rows; its 8 warps form a 2 x 4 grid of 64 x 32 sub-tiles (4 x 4 m16n8
+// accumulators, 64 f32 registers), fed by ldmatrix: 6 fragment loads for 16 MMAs instead of 8,
+// and half the dequantization per product. The activations arrive already in f16
+// (mi_mmq_x_f16_kernel, [nt][ldh] with ldh = n_cols rounded up to 64, zero past n_cols) and go to
+// shared memory by cp.async, so they hold no registers. Same W loader and dequantization as
+// mi_mmq_kernel, two stages, the same epilogue through Cs; the products are the same f16 x f16
+// products, summed in f32 in another order (a tolerance, not bits, like every MMQ result).
+constexpr int BNW = 128;
+constexpr int STAGE_W = (BM + BNW) * LDS; // halves per stage: Ws [BM][LDS] then Xs [BNW][LDS]
+constexpr size_t MI_MMQW_SMEM = 2 * (size_t)STAGE_W * sizeof(__half); // 73,728 bytes
+static_assert(MI_MMQW_SMEM >= (size_t)BNW * LDC * sizeof(float), "Cs overlays the two stages");
+static_assert(MI_MMQ_THREADS * 4 * 8 == BNW * BK, "X loader: four 16-byte copies a thread a step");
+static_assert((LDS * sizeof(__half)) % 16 == 0, "ldmatrix / cp.async rows 16-byte aligned");
+
+// x f32 [nt][ldx] -> xh f16 [nt][ldh] (round to nearest), columns n_cols .. ldh - 1 zero: one
+// thread per 8 columns. n_cols % 32 == 0, ldh % 64 == 0, x 16-byte aligned with ldx % 4 == 0.
+__global__ void mi_mmq_x_f16_kernel(const float *__restrict__ x, int64_t ldx, int n_cols, int nt,
+                                    __half *__restrict__ xh, int64_t ldh) {
+    const int64_t per_row = ldh / 8, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= per_row * nt) return;
+    const int64_t t = i / per_row, c = (i % per_row) * 8;
+    uint4 o = make_uint4(0, 0, 0, 0);
+    if (c < n_cols) {
+        const float4 *p = (const float4 *)(x + t * ldx + c);
+        o = mi_f8_to_h8(p[0], p[1]);
+    }
+    *(uint4 *)(xh + t * ldh + c) = o;
+}
+
+template <int T>
+__global__ void __launch_bounds__(MI_MMQ_THREADS, 2)
+    mi_mmq_wide_kernel(const uint8_t *__restrict__ w, int64_t row_bytes, int n_rows, int nchunks,
+                       const __half *__restrict__ xh, int64_t ldh, int nt, int kps, float *y, int64_t ldy,
+                       const float *__restrict__ bias, int accumulate, float *__restrict__ part) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __half *ws = (__half *)smem; // [BM][LDS] weight tile, row-major (the MMA's A), per stage
+    __half *xs = ws + BM * LDS;  // [BNW][LDS] activation rows, k contiguous (the MMA's B), per stage
+    float *cs = (float *)smem;   // [BNW][LDC] accumulators, after the K loop
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int t0 = blockIdx.x * BNW, r0 = blockIdx.y * BM;
+    const int ksteps = (nchunks + 1) / 2;
+    const int ks0 = blockIdx.z * kps, ks1 = min(ksteps, ks0 + kps);
+
+    // W: thread -> (row lr, chunk lc of the step), as mi_mmq_kernel. X: thread -> rows xr + 32 i
+    // (i < 4), 16-byte segment xseg of the step's 64 columns; rows past nt re-read row nt - 1 (in
+    // bounds; their outputs are never stored).
+    const int lr = tid >> 1, lc = tid & 1;
+    const uint8_t *wrow = w + (int64_t)min(r0 + lr, n_rows - 1) * row_bytes;
+    __half *wdst = ws + lr * LDS + 32 * lc;
+    const int xr = tid >> 3, xseg = tid & 7;
+    mi_mmq_wchunk<T> wreg;
+    bool w_ok = false;
+    auto fetch = [&](int ks, int buf) {
+        const int c = 2 * ks + lc;
+        w_ok = c < nchunks;
+        if (w_ok) wreg.load(wrow, c);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int t = min(t0 + xr + 32 * i, nt - 1);
+            mi_cp_async16(xs + buf * STAGE_W + (xr + 32 * i) * LDS + 8 * xseg, xh + (int64_t)t * ldh + BK * ks + 8 * xseg);
+        }
+        mi_cp_async_commit();
+    };
+    auto stage_w = [&](int buf) {
+        __half *wd = wdst + buf * STAGE_W;
+        if (w_ok)
+            wreg.store(wd);
+        else
+#pragma unroll
+            for (int i = 0; i < 4; i++) ((uint4 *)wd)[i] = make_uint4(0, 0, 0, 0);
+    };
+
+    // Warp (wm, wn): weight rows 64 wm + 16 i + {g, g + 8}, activation rows 32 wn + 8 j + 2q + {0, 1}
+    // (g = lane / 4, q = lane % 4); nj16 of its two 16-row activation halves hold a row < nt.
+    const int wm = warp & 1, wn = warp >> 1;
+    const int nj16 = min(2, max(0, (nt - t0 - 32 * wn + 15) / 16));
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    // ldmatrix lane addresses (mma.cuh): A matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) in a[0..3]
+    // order; B: (activation rows 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
+    const int a_off = (64 * wm + (lane & 15)) * LDS + 8 * (lane >> 4);
+    const int b_off = (32 * wn + (lane & 7) + 8 * (lane >> 4)) * LDS + 8 * ((lane >> 3) & 1);
+
+    if (ks0 < ks1) {
+        fetch(ks0, 0);
+        stage_w(0);
+        mi_cp_async_wait_all();
+    }
+    __syncthreads();
+    for (int ks = ks0; ks < ks1; ks++) {
+        const bool more = ks + 1 < ks1;
+        const int cur = (ks - ks0) & 1;
+        // The other stage was last read in step ks - 1, whose closing barrier every warp passed.
+        if (more) fetch(ks + 1, cur ^ 1);
+        if (nj16 > 0) {
+            const __half *wsb = ws + cur * STAGE_W + a_off, *xsb = xs + cur * STAGE_W + b_off;
+#pragma unroll
+            for (int kk = 0; kk < BK; kk += 16) {
+                uint32_t a[4][4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) mi_ldsm_x4(a[i], wsb + 16 * i * LDS + kk);
+#pragma unroll
+                for (int jj = 0; jj < 2; jj++) {
+                    if (jj < nj16) {
+                        uint32_t b[4];
+                        mi_ldsm_x4(b, xsb + 16 * jj * LDS + kk);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            mi_mma_f16(acc[i][2 * jj], a[i], b[0], b[1]);
+                            mi_mma_f16(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+                        }
+                    }
+                }
+            }
+        }
+        if (more) stage_w(cur ^ 1);
+        mi_cp_async_wait_all();
+        __syncthreads();
+    }
+
+    // Cs overlays the stages: the loop's last barrier ordered every read (and every copy).
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                cs[(32 * wn + 8 * j + 2 * q + (e & 1)) * LDC + 64 * wm + 16 * i + g + 8 * (e >> 1)] = acc[i][j][e];
+    __syncthreads();
+    for (int e = tid; e < BM * BNW; e += MI_MMQ_THREADS) {
+        const int t = e / BM, r = e % BM;
+        if (t0 + t >= nt || r0 + r >= n_rows) continue;
+        const float v = cs[t * LDC + r];
+        if (part)
+            part[((int64_t)blockIdx.z * nt + t0 + t) * n_rows + r0 + r] = v;
+        else
+            mi_mmq_out(v, t0 + t, r0 + r, y, ldy, bias, accumulate);
+    }
+}
+
 // y from the K-split partials part [splits][nt][n_rows], summed in split order.
 __global__ void mi_mmq_reduce_kernel(const float *__restrict__ part, int splits, int nt, int n_rows, float *y,
                                      int64_t ldy, const float *__restrict__ bias, int accumulate) {
@@ -279,6 +430,24 @@ template <int S> mi_mmq_fn mi_mmq_kernel_stages(int type) {
     }
 }
 
+typedef void (*mi_mmq_wide_fn)(const uint8_t *, int64_t, int, int, const __half *, int64_t, int, int, float *, int64_t,
+                               const float *, int, float *);
+mi_mmq_wide_fn mi_mmq_wide_kernel_of(int type) {
+    switch (type) {
+    case MI_TYPE_F32: return mi_mmq_wide_kernel<MI_TYPE_F32>;
+    case MI_TYPE_F16: return mi_mmq_wide_kernel<MI_TYPE_F16>;
+    case MI_TYPE_Q4_0: return mi_mmq_wide_kernel<MI_TYPE_Q4_0>;
+    case MI_TYPE_Q4_1: return mi_mmq_wide_kernel<MI_TYPE_Q4_1>;
+    case MI_TYPE_Q5_0: return mi_mmq_wide_kernel<MI_TYPE_Q5_0>;
+    case MI_TYPE_Q5_1: return mi_mmq_wide_kernel<MI_TYPE_Q5_1>;
+    case MI_TYPE_Q8_0: return mi_mmq_wide_kernel<MI_TYPE_Q8_0>;
+    case MI_TYPE_Q4_K: return mi_mmq_wide_kernel<MI_TYPE_Q4_K>;
+    case MI_TYPE_Q5_K: return mi_mmq_wide_kernel<MI_TYPE_Q5_K>;
+    case MI_TYPE_Q6_K: return mi_mmq_wide_kernel<MI_TYPE_Q6_K>;
+    default: return nullptr;
+    }
+}
+
 size_t mi_mmq_smem_bytes(int stages) {
     const size_t ab = (size_t)stages * MI_MMQ_SMEM_AB;
     return ab > MI_MMQ_SMEM_C ? ab : MI_MMQ_SMEM_C;
@@ -300,7 +469,42 @@ int mi_mmq_default_stages() {
     return n;
 }
 
+// 128-row tiles where two of their blocks fit an SM (sm_80 / sm_90), else 64 (sm_86 / sm_89).
+int mi_mmq_default_bn() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+            cudaGetLastError();
+            return MI_MMQ_BN;
+        }
+        return (size_t)v >= 2 * (MI_MMQW_SMEM + 1024) ? BNW : MI_MMQ_BN;
+    }();
+    return n;
+}
+
 } // namespace
+
+// MI_CUDA_MMQ_BN: 64 (mi_mmq_kernel) or 128 (mi_mmq_wide_kernel, for calls of more than 64 rows
+// given f16 scratch); unset or empty: by the device (mi_mmq_default_bn). Read at every call;
+// anything else is refused (MI_ERR_ARG), also at context creation.
+int mi_cuda_mmq_bn(int *out) {
+    const char *e = getenv("MI_CUDA_MMQ_BN");
+    if (!e || !*e) {
+        *out = mi_mmq_default_bn();
+        return MI_OK;
+    }
+    if (strcmp(e, "64") && strcmp(e, "128")) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMQ_BN must be 64 or 128, got '%s'", e);
+    *out = atoi(e);
+    return MI_OK;
+}
+
+static uint64_t mi_mmq_wide_count = 0; // wide launches so far (mi_cuda_mmq_wide_launches)
+extern "C" uint64_t mi_cuda_mmq_wide_launches(void) { return __atomic_load_n(&mi_mmq_wide_count, __ATOMIC_RELAXED); }
+
+size_t mi_cuda_mmq_xh_halves(int64_t n_cols, int max_nt) {
+    return max_nt > MI_MMQ_BN ? (size_t)max_nt * (size_t)((n_cols + BK - 1) / BK * BK) : 0;
+}
 
 // MI_CUDA_MMQ_STAGES: 1 or 2 shared-memory buffers (mi_mmq_kernel); unset or empty: by the device
 // (mi_mmq_default_stages). Read at every call (the GEMM path is never graphed); anything else is
@@ -329,9 +533,11 @@ size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
 }
 
 int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
-                int accumulate, float *scratch, size_t scratch_floats, cudaStream_t s) {
-    int stages = 0;
+                int accumulate, float *scratch, size_t scratch_floats, __half *xh, size_t xh_halves, int x_ready,
+                cudaStream_t s) {
+    int stages = 0, bn = 0;
     if (const int rc = mi_cuda_mmq_stages(&stages)) return rc;
+    if (const int rc = mi_cuda_mmq_bn(&bn)) return rc;
     const mi_mmq_fn kernel = stages == 2 ? mi_mmq_kernel_stages<2>(w->type) : mi_mmq_kernel_stages<1>(w->type);
     if (!kernel) return mi_set_error(MI_ERR_TYPE, "CUDA mmq: unsupported type %d", w->type);
     if (w->n_cols % 32 || w->n_cols <= 0 || w->n_rows <= 0 || (w->n_rows + BM - 1) / BM > 65535 || nt < 1 ||
@@ -342,7 +548,10 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
         return mi_set_error(MI_ERR_ARG, "CUDA mmq: x must be 16-byte aligned with ldx a multiple of 4");
     const int nchunks = (int)(w->n_cols / 32), ksteps = (nchunks + 1) / 2;
     const int n_rows = (int)w->n_rows;
-    const int tiles_n = (nt + BN - 1) / BN, tiles_m = (n_rows + BM - 1) / BM;
+    const int64_t ldh = (w->n_cols + BK - 1) / BK * BK;
+    const bool wide = bn == BNW && nt > BN && xh && (size_t)nt * ldh <= xh_halves;
+    const int tile_n = wide ? BNW : BN;
+    const int tiles_n = (nt + tile_n - 1) / tile_n, tiles_m = (n_rows + BM - 1) / BM;
     const int64_t tiles = (int64_t)tiles_n * tiles_m;
     // K splits: only where the tile grid leaves SMs idle; about two blocks per SM, each at least
     // MI_MMQ_MIN_KSTEPS steps; never more than the scratch holds.
@@ -364,12 +573,26 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
     float *part = splits > 1 ? scratch : nullptr;
 
     const dim3 grid(tiles_n, tiles_m, splits);
-    const size_t smem = mi_mmq_smem_bytes(stages);
-    if (smem > 48 * 1024) // above the default limit of dynamic shared memory: opt in (cheap, idempotent)
-        MI_CUDA_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, MI_MMQ_THREADS, smem, s>>>(w->data, w->row_bytes, n_rows, nchunks, x, ldx, nt, kps, y, ldy, bias,
-                                              accumulate, part);
-    MI_LAUNCH_TRY("mmq");
+    if (wide) {
+        const mi_mmq_wide_fn wk = mi_mmq_wide_kernel_of(w->type);
+        if (!x_ready) {
+            const int64_t n8 = (int64_t)nt * (ldh / 8);
+            mi_mmq_x_f16_kernel<<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(x, ldx, (int)w->n_cols, nt, xh, ldh);
+            MI_LAUNCH_TRY("mmq x to f16");
+        }
+        MI_CUDA_TRY(cudaFuncSetAttribute((const void *)wk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MI_MMQW_SMEM));
+        wk<<<grid, MI_MMQ_THREADS, MI_MMQW_SMEM, s>>>(w->data, w->row_bytes, n_rows, nchunks, xh, ldh, nt, kps, y, ldy,
+                                                      bias, accumulate, part);
+        MI_LAUNCH_TRY("mmq (wide)");
+        __atomic_fetch_add(&mi_mmq_wide_count, 1, __ATOMIC_RELAXED);
+    } else {
+        const size_t smem = mi_mmq_smem_bytes(stages);
+        if (smem > 48 * 1024) // above the default limit of dynamic shared memory: opt in (cheap, idempotent)
+            MI_CUDA_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kernel<<<grid, MI_MMQ_THREADS, smem, s>>>(w->data, w->row_bytes, n_rows, nchunks, x, ldx, nt, kps, y, ldy, bias,
+                                                  accumulate, part);
+        MI_LAUNCH_TRY("mmq");
+    }
     if (part) {
         const int64_t n = (int64_t)out_floats;
         mi_mmq_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(part, splits, nt, n_rows, y, ldy, bias,
@@ -400,13 +623,14 @@ extern "C" int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64
     const size_t sf_auto = mi_cuda_mmq_scratch_floats(n_rows, nt);
     const size_t sf_forced = (size_t)mi_mmq_forced_splits() * nt * n_rows;
     const size_t sf = sf_forced > sf_auto ? sf_forced : sf_auto, sb = sf * 4;
-    const size_t total = al(wb) + al(xb) + al(yb) + al(bias_b) + al(sb);
+    const size_t xhn = mi_cuda_mmq_xh_halves(n_cols, nt), xhb = xhn * sizeof(__half);
+    const size_t total = al(wb) + al(xb) + al(yb) + al(bias_b) + al(sb) + al(xhb);
     uint8_t *buf = nullptr;
     if (cudaMalloc(&buf, total) != cudaSuccess) {
         cudaGetLastError();
         return mi_set_error(MI_ERR_OOM, "CUDA out of memory allocating mmq operands (%zu MiB)", total >> 20);
     }
-    uint8_t *wd = buf, *xd = wd + al(wb), *yd = xd + al(xb), *bd = yd + al(yb), *sd = bd + al(bias_b);
+    uint8_t *wd = buf, *xd = wd + al(wb), *yd = xd + al(xb), *bd = yd + al(yb), *sd = bd + al(bias_b), *hd = sd + al(sb);
     t.data = wd;
     int rc = [&]() -> int {
         MI_CUDA_TRY(cudaMemcpy(wd, w, wb, cudaMemcpyHostToDevice));
@@ -419,7 +643,8 @@ extern "C" int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64
             MI_CUDA_TRY(cudaMemset(yd, 0xFF, yb));
         if (sb) MI_CUDA_TRY(cudaMemset(sd, 0xFF, sb)); // NaN partials: a split that skips a tile shows
         const int r = mi_cuda_mmq(&t, (const float *)xd, n_cols, nt, (float *)yd, n_rows,
-                                  bias ? (const float *)bd : nullptr, accumulate, sb ? (float *)sd : nullptr, sf, 0);
+                                  bias ? (const float *)bd : nullptr, accumulate, sb ? (float *)sd : nullptr, sf,
+                                  xhb ? (__half *)hd : nullptr, xhn, 0, 0);
         if (r) return r;
         MI_CUDA_TRY(cudaDeviceSynchronize());
         MI_CUDA_TRY(cudaMemcpy(y, yd, yb, cudaMemcpyDeviceToHost));

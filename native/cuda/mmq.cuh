@@ -1,7 +1,8 @@
 // MMQ: quantized weight matrix times many activation rows on the tensor cores (prefill, wide
 // verify batches). Where MMVQ streams W once per 8 rows with dp4a, MMQ dequantizes each weight
 // tile once to f16 in shared memory and reuses it for 64 activation rows through nvcuda::wmma
-// (m16n16k16, f16 inputs, f32 accumulators).
+// (m16n16k16, f16 inputs, f32 accumulators); calls of more than 64 rows take 128-row tiles with
+// ldmatrix + mma.sync instead (mmq.cu, "Wide tiles"). What follows describes the 64-row kernel.
 //
 // Tiles: a block of 256 threads (8 warps) owns BM = 128 weight rows x BN = 64 activation rows
 // and walks K in steps of BK = 64 columns (two 32-wide chunks per row, so every thread unpacks
@@ -74,7 +75,22 @@ int mi_cuda_mmq_stages(int *out);
 //   y: f32 [nt][ldy], must not overlap x; accumulate != 0 adds into it (residual);
 //   bias: f32 [n_rows] or NULL; scratch: f32 [scratch_floats] (or NULL / 0: no K-split), size
 //   from mi_cuda_mmq_scratch_floats; less than that only lowers the number of splits.
-// Any nt >= 1 works. Errors: MI_ERR_TYPE (type), MI_ERR_ARG (shape/alignment), MI_ERR_CUDA.
+//   xh: f16 [xh_halves] (or NULL / 0) for the wide kernel's activations, size from
+//   mi_cuda_mmq_xh_halves; x_ready != 0: xh already holds this x (the same x, nt and n_cols as the
+//   call before on this stream, e.g. k and v after q), so it is not converted again.
+// Calls of more than 64 rows take 128-row tiles (mmq.cu: mi_mmq_wide_kernel) where MI_CUDA_MMQ_BN
+// allows and xh is large enough, else the 64-row kernel. Any nt >= 1 works.
+// Errors: MI_ERR_TYPE (type), MI_ERR_ARG (shape/alignment, MI_CUDA_MMQ_*), MI_ERR_CUDA.
 int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
-                int accumulate, float *scratch, size_t scratch_floats, cudaStream_t s);
+                int accumulate, float *scratch, size_t scratch_floats, __half *xh, size_t xh_halves, int x_ready,
+                cudaStream_t s);
+
+// Halves of f16 activation scratch the wide kernel needs for rows of n_cols columns and any
+// nt <= max_nt: max_nt x n_cols rounded up to 64; 0 when max_nt <= 64 (the 64-row kernel).
+size_t mi_cuda_mmq_xh_halves(int64_t n_cols, int max_nt);
+
+// Activation rows per tile the GEMM takes for calls of more than 64 rows now (MI_CUDA_MMQ_BN,
+// else by the device: 128 where two 72 KB blocks fit an SM): *out = 64 or 128; MI_ERR_ARG for
+// another value of the variable.
+int mi_cuda_mmq_bn(int *out);
 #endif

@@ -108,6 +108,9 @@ int mi_op_matmul(int32_t device, int32_t type, const void *w, int64_t n_rows, in
  * [n_rows] or NULL; y [nt, n_rows] f32, read when accumulate != 0. MI_ERR_CUDA without a GPU. */
 int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
                    const float *bias, int32_t accumulate, float *y);
+/* GEMM launches that took the 128-row activation tiles (MI_CUDA_MMQ_BN) since the library was
+ * loaded, in this process: lets tests prove which kernel ran. 0 without CUDA. */
+uint64_t mi_cuda_mmq_wide_launches(void);
 /* CUDA prefill attention (the tensor-core kernel of forwards on the GEMM path; tolerance in
  * native/cuda/attention.cuh): out [nt][n_head*head_dim] f32 = per head softmax(q k^T * scale) v,
  * row t over slots 0..pos[t]. q [nt][n_head*head_dim] f32; k, v [n_kv][n_head_kv*head_dim] f16
