@@ -786,8 +786,10 @@ def test_prefill_chunking_within_tolerance():
 def test_wide_gemm_forward_within_tolerance(P, nt, monkeypatch):
     """Forwards of > 64 rows run their GEMMs on the 128-row tiles (the default on the H200; k, v
     and up reuse the f16 input q and gate converted, mmq_xh): within NMSE 1e-6 of the 64-row kernel
-    (MI_CUDA_MMQ_BN=64) and 1e-4 of the CPU, after P cached positions; the launch counter proves
-    that 7 GEMMs a layer (q, k, v, o, gate, up, down) took the wide tiles."""
+    (MI_CUDA_MMQ_BN=64) and as close to the CPU as that kernel (NMSE 1e-3, the GEMM path's bound in
+    test_prefill_chunking_within_tolerance: at (30, 130) both kernels are 4e-4 from the CPU on the
+    H200), after P cached positions; the launch counter proves that 7 GEMMs a layer (q, k, v, o,
+    gate, up, down) took the wide tiles."""
     model = small_model(12)
     V = SMALL["n_vocab"]
     prompt = list(np.random.default_rng(12).integers(0, V, P + nt))
@@ -805,7 +807,7 @@ def test_wide_gemm_forward_within_tolerance(P, nt, monkeypatch):
     lc = run(cpu, prompt[P:], range(P, P + nt), V, out_rows=rows)[0]
     assert np.std(lc) > 0.1
     assert nmse(out[1], out[0]) < 1e-6, nmse(out[1], out[0])
-    assert nmse(out[1], lc) < 1e-4, nmse(out[1], lc)
+    assert nmse(out[1], lc) < min(1e-3, 2 * nmse(out[0], lc) + 1e-6), (nmse(out[1], lc), nmse(out[0], lc))
 
 
 def test_out_rows_subset_and_argmax_only():
