@@ -405,6 +405,39 @@ int mi_mmq_sm_count() {
     return n;
 }
 
+// Automatic K splits for a grid of `tiles` output tiles of `ksteps` K steps (MI_CUDA_MMQ_FILL=1,
+// the default): the count s that minimizes an estimate of the time. Blocks of 1 / s of the K
+// range, ceil(tiles s / SMs) of them on the busiest SM, two at a time (the launch bound), a pair
+// taking MI_MMQ_PAIR_COST times one block alone (latency-bound kernels: Nsight Compute shows 15-23%
+// occupancy), and each split past the first 3% more for its partials' round trip and the reduce.
+// Why: whole-K grids of 1.2 - 4.5 SM-waves left SMs idle in the last wave (14B shape pp512: q, o
+// and down 160 tiles on 132 SMs). MI_CUDA_MMQ_FILL=0: the old rule, splits only below one tile per SM
+// (about two blocks an SM). At least MI_MMQ_MIN_KSTEPS steps a split; the caller caps by scratch.
+constexpr double MI_MMQ_PAIR_COST = 1.6, MI_MMQ_SPLIT_COST = 0.03;
+int mi_mmq_auto_splits(int64_t tiles, int ksteps, int n_sm, bool fill) {
+    if (!fill) {
+        const int s = tiles < n_sm ? (int)((2 * n_sm + tiles - 1) / tiles) : 1;
+        return s > ksteps / MI_MMQ_MIN_KSTEPS ? ksteps / MI_MMQ_MIN_KSTEPS : s;
+    }
+    int best = 1;
+    double best_cost = 0.0;
+    for (int s = 1; s <= MI_MMQ_MAX_SPLIT && (s == 1 || ksteps / s >= MI_MMQ_MIN_KSTEPS); s++) {
+        const int64_t b = (tiles * s + n_sm - 1) / n_sm; // blocks on the busiest SM
+        const double cost = ((double)(b / 2) * MI_MMQ_PAIR_COST + (double)(b % 2)) / s * (1.0 + MI_MMQ_SPLIT_COST * (s - 1));
+        if (s == 1 || cost < best_cost) {
+            best = s;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+// MI_CUDA_MMQ_FILL: 0 = the old split rule (A/B timing); anything else or unset = the cost model.
+bool mi_mmq_fill() {
+    const char *e = getenv("MI_CUDA_MMQ_FILL");
+    return !(e && strcmp(e, "0") == 0);
+}
+
 // MI_CUDA_MMQ_SPLITS: > 0 forces that many K splits (tests), else 0 (automatic).
 int mi_mmq_forced_splits() {
     const char *e = getenv("MI_CUDA_MMQ_SPLITS");
@@ -525,11 +558,19 @@ namespace {
 } // namespace
 
 size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
-    const size_t full = (size_t)n_rows * (size_t)(max_nt > 0 ? max_nt : 0);
+    // The largest split count x nt x n_rows over every nt <= max_nt, both tile widths and both split
+    // rules (the K range is not known here: taken as unlimited), capped at MI_MMQ_SCRATCH_CAP.
     const int n_sm = mi_mmq_sm_count();
-    if ((n_rows + BM - 1) / BM >= n_sm) return 0;
-    const size_t bound = (size_t)3 * n_sm * BM * BN;
-    return (size_t)MI_MMQ_MAX_SPLIT * full < bound ? (size_t)MI_MMQ_MAX_SPLIT * full : bound;
+    const int64_t tiles_m = (n_rows + BM - 1) / BM;
+    size_t need = 0;
+    for (int nt = 1; nt <= max_nt; nt++)
+        for (const int bn : {BN, BNW})
+            for (const bool fill : {false, true}) {
+                const int s = mi_mmq_auto_splits((nt + bn - 1) / bn * tiles_m, 1 << 20, n_sm, fill);
+                const size_t f = s > 1 ? (size_t)s * nt * n_rows : 0;
+                if (f > need) need = f;
+            }
+    return need < MI_MMQ_SCRATCH_CAP ? need : MI_MMQ_SCRATCH_CAP;
 }
 
 int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
@@ -553,15 +594,11 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
     const int tile_n = wide ? BNW : BN;
     const int tiles_n = (nt + tile_n - 1) / tile_n, tiles_m = (n_rows + BM - 1) / BM;
     const int64_t tiles = (int64_t)tiles_n * tiles_m;
-    // K splits: only where the tile grid leaves SMs idle; about two blocks per SM, each at least
-    // MI_MMQ_MIN_KSTEPS steps; never more than the scratch holds.
+    // K splits (mi_mmq_auto_splits), each at least MI_MMQ_MIN_KSTEPS steps; never more than the
+    // scratch holds.
     const int n_sm = mi_mmq_sm_count(), forced = mi_mmq_forced_splits();
-    int splits = 1;
-    if (forced)
-        splits = forced;
-    else if (tiles < n_sm)
-        splits = (int)((2 * n_sm + tiles - 1) / tiles);
-    if (!forced && splits > ksteps / MI_MMQ_MIN_KSTEPS) splits = ksteps / MI_MMQ_MIN_KSTEPS;
+    const int splits_auto = mi_mmq_auto_splits(tiles, ksteps, n_sm, mi_mmq_fill());
+    int splits = forced ? forced : splits_auto;
     if (splits > MI_MMQ_MAX_SPLIT) splits = MI_MMQ_MAX_SPLIT;
     if (splits > ksteps) splits = ksteps;
     const size_t out_floats = (size_t)nt * n_rows;

@@ -20,9 +20,9 @@
 // Not fused (unlike MMVQ): SwiGLU pairs and stacked q/k/v outputs; call once per matrix.
 // Launched plainly (no PDL attribute): the kernels do not call griddepcontrol.wait.
 //
-// Launch: grid (ceil(nt/BN), ceil(n_rows/BM), splits). splits > 1 ("K-split") only when the
-// tile grid alone has fewer blocks than the GPU has SMs (few activation rows or few weight rows):
-// then split z takes a contiguous range of K steps and writes its partial tile to scratch, and a
+// Launch: grid (ceil(nt/BN), ceil(n_rows/BM), splits). splits > 1 ("K-split") where a time
+// estimate says the whole-K grid would leave SMs idle (mmq.cu: mi_mmq_auto_splits; few tiles, or
+// a last wave mostly empty): then split z takes a contiguous range of K steps and writes its partial tile to scratch, and a
 // second kernel sums the partials in z order (0, 1, ..) and applies the epilogue. No atomics:
 // the same call on the same GPU gives the same bits every run. The number of splits is a function
 // of (n_rows, nt, n_cols, SM count, scratch_floats), so unlike MMVQ a row's result may change
@@ -43,6 +43,7 @@
 #define MI_MMQ_BN 64        // activation rows per block
 #define MI_MMQ_BK 64        // columns per K step
 #define MI_MMQ_MAX_SPLIT 16 // most K splits
+#define MI_MMQ_SCRATCH_CAP ((size_t)32 << 20) // most floats of K-split partials a context keeps (128 MiB)
 // Below this the forward uses MMVQ (bitwise nt contract, weight-bandwidth bound): up to 8 rows in
 // one launch, and nt = 9 as 8 + 1 (graphed like nt <= 8, and bitwise): on the H200's synthetic
 // 1.5B 2.97 ms against 4.26 ms for the GEMM at nt = 10 (docs/perf.md, session 6).
@@ -59,9 +60,8 @@ static inline bool mi_cuda_mmq_applies(int type, int64_t n_cols, int nt) {
 }
 
 // Floats of scratch that cover the K-split partials of every call with this n_rows and any
-// nt <= max_nt on the current device: partials are [splits][nt][n_rows] f32, and splits > 1 only
-// when the tile grid has fewer blocks than SMs, so splits * nt * n_rows < 3 * SMs * BM * BN
-// (12.4 MiB on 132 SMs) whatever the shape; 0 when n_rows alone gives enough blocks.
+// nt <= max_nt on the current device (partials are [splits][nt][n_rows] f32), at most
+// MI_MMQ_SCRATCH_CAP: a call whose automatic split count would need more takes fewer splits.
 size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt);
 
 // Shared-memory stages the GEMM takes now (MI_CUDA_MMQ_STAGES, else by the device): *out = 1 or 2;
