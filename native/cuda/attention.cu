@@ -462,13 +462,45 @@ __device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4
 }
 
 // NW warps a block; R >= G rows of the shared-memory merge (16, or 8 when G <= 8).
+// A warp's running max m, sum l (summed over its quad first: each lane held its columns' share)
+// and accumulator o for fragment rows gid and gid + 8 into the block merge's shared arrays; rows >= R
+// (no query head there) are skipped. Every lane runs both shuffles before any skip, so the
+// full-mask shuffles always see the whole warp. o is stored scaled by 2^-12, as the merge expects.
+template <int NW, int R, int HD>
+__device__ __forceinline__ void mi_attn_mma_stash(const float (&o)[HD / 8][4], const float (&m)[2], const float (&l)[2],
+                                                  int warp, int gid, int tig, float (&sm_m)[NW][R], float (&sm_l)[NW][R],
+                                                  float (&sm_acc)[NW][R][HD + 4]) {
+    constexpr int NV = HD / 64;
+    float lq[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lq[r] = __fadd_rn(l[r], __shfl_xor_sync(MI_FULL_MASK, l[r], 1));
+        lq[r] = __fadd_rn(lq[r], __shfl_xor_sync(MI_FULL_MASK, lq[r], 2));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (gid + 8 * r >= R) continue;
+        if (tig == 0) {
+            sm_m[warp][gid + 8 * r] = m[r];
+            sm_l[warp][gid + 8 * r] = lq[r];
+        }
+#pragma unroll
+        for (int mm = 0; mm < NV; mm++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    sm_acc[warp][gid + 8 * r][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e] * (1.0f / 4096.0f);
+    }
+}
+
 template <int DPL, int NW, int R>
 __global__ void __launch_bounds__(NW * 32)
     mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                        const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
                        float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
                        mi_block_q8a *__restrict__ xq, int lo, int hi, int combine_from) {
-    constexpr int HD = DPL * 32, KS = HD / 16, NV = HD / 64, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, NTH = NW * 32;
+    constexpr int HD = DPL * 32, KS = HD / 16, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, NTH = NW * 32;
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int G = n_head / n_head_kv, h0 = g * G, kvd = n_head_kv * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -501,23 +533,7 @@ __global__ void __launch_bounds__(NW * 32)
     // the warps summed in order.
     __shared__ float sm_m[NW][R], sm_l[NW][R], sm_e[NW][R], sm_M[R];
     __shared__ float sm_acc[NW][R][HD + 4]; // + 4: the fragment stores hit 16 banks, not 2
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lr = __fadd_rn(l[r], __shfl_xor_sync(MI_FULL_MASK, l[r], 1));
-        lr = __fadd_rn(lr, __shfl_xor_sync(MI_FULL_MASK, lr, 2));
-        if (gid + 8 * r >= R) break;
-        if (tig == 0) {
-            sm_m[warp][gid + 8 * r] = m[r];
-            sm_l[warp][gid + 8 * r] = lr;
-        }
-#pragma unroll
-        for (int mm = 0; mm < NV; mm++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    sm_acc[warp][gid + 8 * r][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e] * (1.0f / 4096.0f);
-    }
+    mi_attn_mma_stash<NW, R, HD>(o, m, l, warp, gid, tig, sm_m, sm_l, sm_acc);
     __syncthreads();
     if (threadIdx.x < NW * R) {
         const int hh = threadIdx.x / NW, w = threadIdx.x % NW;
@@ -573,7 +589,7 @@ __global__ void __launch_bounds__(NW * 32)
     mi_attn_prefill_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                            const int32_t *__restrict__ pos, int nt, int n_head, int n_head_kv, float scale,
                            float *__restrict__ att) {
-    constexpr int HD = DPL * 32, KS = HD / 16, NV = HD / 64, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, R = 16;
+    constexpr int HD = DPL * 32, KS = HD / 16, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, R = 16;
     const int t0 = (gridDim.x - 1 - blockIdx.x) * R, h = blockIdx.y;
     const int g = h / (n_head / n_head_kv), kvd = n_head_kv * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -605,22 +621,7 @@ __global__ void __launch_bounds__(NW * 32)
     // Warps -> rows: e_w = exp(m_w - M) per (warp, row), the warps summed in order, then / L.
     __shared__ float sm_m[NW][R], sm_l[NW][R], sm_e[NW][R];
     __shared__ float sm_acc[NW][R][HD + 4];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lr = __fadd_rn(l[r], __shfl_xor_sync(MI_FULL_MASK, l[r], 1));
-        lr = __fadd_rn(lr, __shfl_xor_sync(MI_FULL_MASK, lr, 2));
-        if (tig == 0) {
-            sm_m[warp][gid + 8 * r] = m[r];
-            sm_l[warp][gid + 8 * r] = lr;
-        }
-#pragma unroll
-        for (int mm = 0; mm < NV; mm++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    sm_acc[warp][gid + 8 * r][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e] * (1.0f / 4096.0f);
-    }
+    mi_attn_mma_stash<NW, R, HD>(o, m, l, warp, gid, tig, sm_m, sm_l, sm_acc);
     __syncthreads();
     for (int i = threadIdx.x; i < NW * R; i += NW * 32) {
         const int rr = i / NW, w = i % NW;
