@@ -192,6 +192,18 @@ def test_mmq_wide_tiles(typ, n_rows, n_cols, nt, splits, monkeypatch):
         core.mmq(typ, w, n_rows, n_cols, x)
 
 
+@pytest.mark.parametrize("fill", ["0", "1"])
+def test_mmq_split_rules(fill, monkeypatch):
+    """Both automatic K-split rules (MI_CUDA_MMQ_FILL=0: split only grids of fewer tiles than SMs;
+    1, the default: the time estimate, mi_mmq_auto_splits) within the float64 bound, on shapes whose
+    grids are below, near and above one tile per SM on the H200 (132 SMs: 4 x 34 = 136 tiles of
+    128 rows at nt 512, where the estimate splits and the old rule does not)."""
+    monkeypatch.setenv("MI_CUDA_MMQ_FILL", fill)
+    for typ, n_rows, n_cols, nt in ((bg.Q4_K, 4352, 1024, 512), (bg.Q6_K, 1024, 2048, 300), (bg.Q8_0, 256, 4096, 129)):
+        w, x, ref = mmq_case(typ, n_rows, n_cols, nt, n_rows + nt)
+        check_mmq(core.mmq(typ, w, n_rows, n_cols, x), ref, (bg.NAMES[typ], n_rows, n_cols, nt, fill))
+
+
 def test_mmq_wide_tiles_not_below_65_rows(monkeypatch):
     """64 rows or fewer keep the 64-row kernel whatever MI_CUDA_MMQ_BN says (a 128-row tile would
     be at least half empty)."""

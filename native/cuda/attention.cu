@@ -464,8 +464,8 @@ __device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4
 // NW warps a block; R >= G rows of the shared-memory merge (16, or 8 when G <= 8).
 // A warp's running max m, sum l (summed over its quad first: each lane held its columns' share)
 // and accumulator o for fragment rows gid and gid + 8 into the block merge's shared arrays; rows >= R
-// (no query head there) are skipped. Every lane runs both shuffles before any skip, so the
-// full-mask shuffles always see the whole warp. o is stored scaled by 2^-12, as the merge expects.
+// (no query head there; R is 8 or 16) are skipped, after the full-mask shuffles every lane runs.
+// o is stored scaled by 2^-12, as the merge expects.
 template <int NW, int R, int HD>
 __device__ __forceinline__ void mi_attn_mma_stash(const float (&o)[HD / 8][4], const float (&m)[2], const float (&l)[2],
                                                   int warp, int gid, int tig, float (&sm_m)[NW][R], float (&sm_l)[NW][R],

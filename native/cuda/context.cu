@@ -243,17 +243,20 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
     static_assert(MI_MMQ_MIN_NT > MI_GRAPH_MAX_NT, "graphs capture the mat-vec path only");
     const bool gemm = nt >= MI_MMQ_MIN_NT && !c->no_mmq;
     // same_x: this GEMM reads the input the GEMM just before it read (k and v after q, up after
-    // gate), so the wide kernel's f16 copy of it (mmq_xh) is reused, not converted again.
-    const float *xh_of = nullptr; // the f32 input mmq_xh was last converted from (this forward)
+    // gate), so the wide kernel's f16 copy of it (mmq_xh) is reused, not converted again, where
+    // the GEMM before reports that mmq_xh holds it.
+    const float *xh_of = nullptr; // the f32 input mmq_xh holds in f16 now (this forward), or NULL
     int64_t xh_cols = 0;
     auto mm = [&](const mi_dtensor *w, const mi_block_q8a *xq, const float *xf, int64_t ldx, int rows_in, float *y,
                   int64_t ldy, const float *bias, int acc, bool same_x = false) -> int {
         if (gemm && mi_cuda_mmq_applies(w->type, w->n_cols, rows_in)) {
             const int ready = same_x && xh_of == xf && xh_cols == w->n_cols;
-            xh_of = xf;
+            int holds = 0;
+            const int rc = mi_cuda_mmq(w, xf, ldx, rows_in, y, ldy, bias, acc, c->mmq_scratch, c->mmq_scratch_floats,
+                                       c->mmq_xh, c->mmq_xh_halves, ready, &holds, s);
+            xh_of = holds ? xf : nullptr;
             xh_cols = w->n_cols;
-            return mi_cuda_mmq(w, xf, ldx, rows_in, y, ldy, bias, acc, c->mmq_scratch, c->mmq_scratch_floats, c->mmq_xh,
-                               c->mmq_xh_halves, ready, s);
+            return rc;
         }
         xh_of = nullptr;
         return mi_cuda_mmvq(w, nullptr, xq, xf, ldx, rows_in, y, ldy, bias, acc, s);

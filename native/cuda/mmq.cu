@@ -416,7 +416,8 @@ int mi_mmq_sm_count() {
 constexpr double MI_MMQ_PAIR_COST = 1.6, MI_MMQ_SPLIT_COST = 0.03;
 int mi_mmq_auto_splits(int64_t tiles, int ksteps, int n_sm, bool fill) {
     if (!fill) {
-        const int s = tiles < n_sm ? (int)((2 * n_sm + tiles - 1) / tiles) : 1;
+        int s = tiles < n_sm ? (int)((2 * n_sm + tiles - 1) / tiles) : 1;
+        if (s > MI_MMQ_MAX_SPLIT) s = MI_MMQ_MAX_SPLIT;
         return s > ksteps / MI_MMQ_MIN_KSTEPS ? ksteps / MI_MMQ_MIN_KSTEPS : s;
     }
     int best = 1;
@@ -575,7 +576,8 @@ size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
 
 int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
                 int accumulate, float *scratch, size_t scratch_floats, __half *xh, size_t xh_halves, int x_ready,
-                cudaStream_t s) {
+                int *xh_holds_x, cudaStream_t s) {
+    if (xh_holds_x) *xh_holds_x = 0;
     int stages = 0, bn = 0;
     if (const int rc = mi_cuda_mmq_stages(&stages)) return rc;
     if (const int rc = mi_cuda_mmq_bn(&bn)) return rc;
@@ -621,6 +623,7 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
         wk<<<grid, MI_MMQ_THREADS, MI_MMQW_SMEM, s>>>(w->data, w->row_bytes, n_rows, nchunks, xh, ldh, nt, kps, y, ldy,
                                                       bias, accumulate, part);
         MI_LAUNCH_TRY("mmq (wide)");
+        if (xh_holds_x) *xh_holds_x = 1;
         __atomic_fetch_add(&mi_mmq_wide_count, 1, __ATOMIC_RELAXED);
     } else {
         const size_t smem = mi_mmq_smem_bytes(stages);
@@ -681,7 +684,7 @@ extern "C" int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64
         if (sb) MI_CUDA_TRY(cudaMemset(sd, 0xFF, sb)); // NaN partials: a split that skips a tile shows
         const int r = mi_cuda_mmq(&t, (const float *)xd, n_cols, nt, (float *)yd, n_rows,
                                   bias ? (const float *)bd : nullptr, accumulate, sb ? (float *)sd : nullptr, sf,
-                                  xhb ? (__half *)hd : nullptr, xhn, 0, 0);
+                                  xhb ? (__half *)hd : nullptr, xhn, 0, nullptr, 0);
         if (r) return r;
         MI_CUDA_TRY(cudaDeviceSynchronize());
         MI_CUDA_TRY(cudaMemcpy(y, yd, yb, cudaMemcpyDeviceToHost));

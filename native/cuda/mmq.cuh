@@ -77,13 +77,15 @@ int mi_cuda_mmq_stages(int *out);
 //   from mi_cuda_mmq_scratch_floats; less than that only lowers the number of splits.
 //   xh: f16 [xh_halves] (or NULL / 0) for the wide kernel's activations, size from
 //   mi_cuda_mmq_xh_halves; x_ready != 0: xh already holds this x (the same x, nt and n_cols as the
-//   call before on this stream, e.g. k and v after q), so it is not converted again.
+//   call before on this stream, e.g. k and v after q), so it is not converted again; *xh_holds_x
+//   (if not NULL) is set to whether xh holds this x after the call (0 where the call did not take
+//   the wide kernel), which is what the next call's x_ready may rest on.
 // Calls of more than 64 rows take 128-row tiles (mmq.cu: mi_mmq_wide_kernel) where MI_CUDA_MMQ_BN
 // allows and xh is large enough, else the 64-row kernel. Any nt >= 1 works.
 // Errors: MI_ERR_TYPE (type), MI_ERR_ARG (shape/alignment, MI_CUDA_MMQ_*), MI_ERR_CUDA.
 int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float *y, int64_t ldy, const float *bias,
                 int accumulate, float *scratch, size_t scratch_floats, __half *xh, size_t xh_halves, int x_ready,
-                cudaStream_t s);
+                int *xh_holds_x, cudaStream_t s);
 
 // Halves of f16 activation scratch the wide kernel needs for rows of n_cols columns and any
 // nt <= max_nt: max_nt x n_cols rounded up to 64; 0 when max_nt <= 64 (the 64-row kernel).
