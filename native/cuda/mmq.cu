@@ -102,6 +102,24 @@ __device__ __forceinline__ void mi_mmq_out(float v, int t, int r, float *y, int6
     *o = accumulate ? __fadd_rn(*o, v) : v;
 }
 
+// A block's finished tile out of shared memory, cs [TN][LDC] (activation row t, weight row r at
+// cs[t * LDC + r]): rows t0 + t < nt, r0 + r < n_rows into y through the epilogue, or raw into
+// part [gridDim.z][nt][n_rows] (K-split). Consecutive threads take consecutive weight rows r:
+// coalesced stores along y's rows.
+template <int TN>
+__device__ __forceinline__ void mi_mmq_tile_out(const float *cs, int t0, int r0, int nt, int n_rows, float *y, int64_t ldy,
+                                                const float *bias, int accumulate, float *part) {
+    for (int e = threadIdx.x; e < BM * TN; e += MI_MMQ_THREADS) {
+        const int t = e / BM, r = e % BM;
+        if (t0 + t >= nt || r0 + r >= n_rows) continue;
+        const float v = cs[t * LDC + r];
+        if (part)
+            part[((int64_t)blockIdx.z * nt + t0 + t) * n_rows + r0 + r] = v;
+        else
+            mi_mmq_out(v, t0 + t, r0 + r, y, ldy, bias, accumulate);
+    }
+}
+
 // Block (bx, by, z): activation rows t0 = bx*BN.., weight rows r0 = by*BM.., K steps
 // [z*kps, min(ksteps, (z+1)*kps)). part == NULL: epilogue into y; else the raw tile goes to
 // part [gridDim.z][nt][n_rows] for mi_mmq_reduce_kernel.
@@ -219,16 +237,7 @@ __global__ void __launch_bounds__(MI_MMQ_THREADS, 2)
             wmma::store_matrix_sync(cs + (32 * wn + 16 * j) * LDC + 32 * wm + 16 * i, acc[i][j], LDC,
                                     wmma::mem_col_major);
     __syncthreads();
-    // Consecutive threads take consecutive weight rows r: coalesced stores along y's rows.
-    for (int e = tid; e < BM * BN; e += MI_MMQ_THREADS) {
-        const int t = e / BM, r = e % BM;
-        if (t0 + t >= nt || r0 + r >= n_rows) continue;
-        const float v = cs[t * LDC + r];
-        if (part)
-            part[((int64_t)blockIdx.z * nt + t0 + t) * n_rows + r0 + r] = v;
-        else
-            mi_mmq_out(v, t0 + t, r0 + r, y, ldy, bias, accumulate);
-    }
+    mi_mmq_tile_out<BN>(cs, t0, r0, nt, n_rows, y, ldy, bias, accumulate, part);
 }
 
 // ---- Wide tiles (MI_CUDA_MMQ_BN=128, the default where two blocks fit an SM) ----
@@ -370,15 +379,7 @@ __global__ void __launch_bounds__(MI_MMQ_THREADS, 2)
             for (int e = 0; e < 4; e++)
                 cs[(32 * wn + 8 * j + 2 * q + (e & 1)) * LDC + 64 * wm + 16 * i + g + 8 * (e >> 1)] = acc[i][j][e];
     __syncthreads();
-    for (int e = tid; e < BM * BNW; e += MI_MMQ_THREADS) {
-        const int t = e / BM, r = e % BM;
-        if (t0 + t >= nt || r0 + r >= n_rows) continue;
-        const float v = cs[t * LDC + r];
-        if (part)
-            part[((int64_t)blockIdx.z * nt + t0 + t) * n_rows + r0 + r] = v;
-        else
-            mi_mmq_out(v, t0 + t, r0 + r, y, ldy, bias, accumulate);
-    }
+    mi_mmq_tile_out<BNW>(cs, t0, r0, nt, n_rows, y, ldy, bias, accumulate, part);
 }
 
 // y from the K-split partials part [splits][nt][n_rows], summed in split order.
