@@ -488,33 +488,29 @@ size_t mi_mmq_smem_bytes(int stages) {
     return ab > MI_MMQ_SMEM_C ? ab : MI_MMQ_SMEM_C;
 }
 
+// Whether two blocks of smem bytes of dynamic shared memory (the GEMM kernels' launch bound) fit
+// an SM of device 0 (1 KB a block is reserved by the system); false when the query fails.
+bool mi_mmq_two_blocks_fit(size_t smem) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return (size_t)v >= 2 * (smem + 1024);
+}
+
 // Two stages where two blocks of them fit an SM (the kernel's launch bound; sm_80 / sm_90: 164 /
 // 228 KB an SM), else one: on sm_86 / sm_89 (100 KB) two-stage blocks would run one an SM, a case
-// not measured. 1 KB a block is reserved by the system.
+// not measured.
 int mi_mmq_default_stages() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-            cudaGetLastError();
-            return 1;
-        }
-        return (size_t)v >= 2 * (mi_mmq_smem_bytes(2) + 1024) ? 2 : 1;
-    }();
+    static const int n = mi_mmq_two_blocks_fit(mi_mmq_smem_bytes(2)) ? 2 : 1;
     return n;
 }
 
 // 128-row tiles where two of their blocks fit an SM (sm_80 / sm_90), else 64 (sm_86 / sm_89).
 int mi_mmq_default_bn() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-            cudaGetLastError();
-            return MI_MMQ_BN;
-        }
-        return (size_t)v >= 2 * (MI_MMQW_SMEM + 1024) ? BNW : MI_MMQ_BN;
-    }();
+    static const int n = mi_mmq_two_blocks_fit(MI_MMQW_SMEM) ? BNW : MI_MMQ_BN;
     return n;
 }
 
