@@ -82,7 +82,8 @@ static int mi_mmvq_stream_rows(int type, const mi_mmvq_args &a, int64_t min_kib)
     if (min_kib == 0 || type == MI_TYPE_F32 || type == MI_TYPE_F16 || a.os.any_rope || a.os.yq) return 0;
     if ((int64_t)a.n_rows * a.row_bytes < min_kib * 1024) return 0;
     const int rps = a.warp ? 4 / a.warp : a.rpb; // rows a 128-thread block of the kernel it replaces
-    return mi_mmvq_stream_smem(type, rps, a.w1 != nullptr) <= (size_t)smem_max ? rps : 0;
+    const int64_t smem = MI_MMVQ_STAGES * (a.w1 ? 2 : 1) * mi_mmvq_slot_bytes(a.row_bytes, rps);
+    return smem <= smem_max ? rps : 0;
 }
 
 static uint64_t mi_mmvq_stream_count = 0; // streaming launches so far (mi_cuda_mmvq_stream_launches)

@@ -70,19 +70,11 @@ struct mi_mmvq_args {
     mi_mmvq_out os;
     int accumulate, rpb, warp, stream;
 };
-// The streaming kernel (mmvq_kernels.cuh, mi_mmvq_stream_kernel): shared-memory stages, chunks a
-// thread takes per K slice, chunks a slice for tpr threads a row (a multiple of every type's
-// chunks a block, 8), and the bytes of one row's slice of one matrix widened to 16-byte bounds
-// (slot), then of the whole ring for rps rows a group.
-constexpr int MI_MMVQ_STAGES = 3, MI_MMVQ_STREAM_U = 2;
-#define MI_MMVQ_SLICE_CHUNKS(tpr) ((tpr) * MI_MMVQ_STREAM_U)
-static inline int64_t mi_mmvq_slot_bytes(int type, int rps) {
-    const int64_t chunks = MI_MMVQ_SLICE_CHUNKS(128 / rps);
-    const int64_t bytes = chunks * 32 / mi_type_block_elems(type) * mi_type_block_bytes(type);
-    return (bytes + 15) / 16 * 16 + 16;
-}
-static inline size_t mi_mmvq_stream_smem(int type, int rps, bool glu) {
-    return (size_t)MI_MMVQ_STAGES * rps * (glu ? 2 : 1) * (size_t)mi_mmvq_slot_bytes(type, rps);
+// The streaming kernel (mmvq_kernels.cuh, mi_mmvq_stream_kernel): shared-memory stages, and the
+// bytes of one matrix's buffer in one stage: rps rows of row_bytes widened to 16-byte bounds.
+constexpr int MI_MMVQ_STAGES = 3;
+static inline int64_t mi_mmvq_slot_bytes(int64_t row_bytes, int rps) {
+    return ((int64_t)rps * row_bytes + 15) / 16 * 16 + 16;
 }
 template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s);
 // Mixed launches (mmvq_mixed.cu): whether the pair (t0, t1) is compiled, and the launch of one group

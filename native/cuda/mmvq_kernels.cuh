@@ -392,99 +392,77 @@ __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
 // the block kernel's (or the warp kernel's) arithmetic with its weights staged through shared
 // memory. Why: each block of those kernels loads its rows' weights, then reduces and stores with
 // nothing in flight, so the 7B shape's gate/up launch ran 72 short blocks an SM at ~2.3 TB/s
-// (docs/perf.md, session 12). Here a grid of about as many blocks as fit the SMs walks row groups
-// (rps rows: group g of block b is b + i * gridDim.x) and, within a group, K slices of
-// MI_MMVQ_SLICE_CHUNKS(tpr) chunks (tpr = 128 / rps threads a row, MI_MMVQ_STREAM_U chunks a thread
-// a slice), through MI_MMVQ_STAGES shared-memory buffers: the copies (cp.async, 16 bytes a thread,
-// L2 -> shared) of the next STAGES - 1 slices are in flight while one is computed, also across the
-// reduction and epilogue of a group, and the first ones are issued before the PDL wait (weights are
-// constants), overlapping the kernel before. Slices are small (~2-7 KB a row group and matrix) so
-// that many blocks fit an SM: a first version staged whole rows (up to 69 KB a block, 3-4 blocks an
-// SM) and was slower (14B shape nt = 8 12.0 -> 19.0 ms): too few warps to hide the dot products.
-// A slice's bytes are each row's byte range widened to 16-byte bounds (rows of 18-, 22-, 34-,
-// 210-byte blocks are only 2-aligned), so each sits in shared memory at its global address mod 16
-// and the type loads keep their alignment; the widening stays inside the tensor's 256-byte padding
-// (mi_upload). Thread j of a row takes chunks j, j + tpr, ... in order (slices are whole multiples of
-// tpr), then mi_row_reduce: the order of the block kernel with rpb = rps, which for tpr = 32 is also
-// the warp kernel's with one warp a row (its unroll never reorders a sum), and for tpr = 64 / 128
-// its two / four warps a row (butterfly, then the warps in order). So a row's bits are those of the
-// kernel it replaces, at every NT. No fused RoPE, no quantized output (kept on the other kernels).
+// (docs/perf.md, session 12). Here a grid of about as many blocks as fit the SMs walks the row
+// steps (rps rows each: step i of block b is b + i * gridDim.x) with MI_MMVQ_STAGES shared-memory
+// buffers: the copies (cp.async, 16 bytes a thread, L2 -> shared) of the next STAGES - 1 steps are
+// in flight while a step is computed, and the first ones are issued before the PDL wait (weights
+// are constants), overlapping the kernel before. A step's bytes are its rows' byte range widened
+// to 16-byte bounds (rows of 18-, 22-, 34-, 210-byte blocks are only 2-aligned), so every row sits
+// in shared memory at its global address mod 16 and the type loads keep their alignment; the
+// widening stays inside the tensor's 256-byte padding (mi_upload). Thread j of a row takes chunks
+// j, j + tpr, ... in order (tpr = 128 / rps threads a row), then mi_row_reduce: the order of the
+// block kernel with rpb = rps, which for tpr = 32 is also the warp kernel's with one warp a row
+// (its unroll never reorders a sum), and for tpr = 64 / 128 its two / four warps a row (butterfly,
+// then the warps in order). So a row's bits are those of the kernel it replaces, at every NT.
+// No fused RoPE, no quantized output (the caller keeps those on the other kernels).
 template <int T, int NT, bool GLU>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_stream_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes,
                           int n_rows, int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb,
                           const mi_mmvq_out os, int accumulate, int rps, int slot_bytes) {
-    extern __shared__ __align__(16) uint8_t mi_sw[]; // [MI_MMVQ_STAGES][rps][GLU ? 2 : 1][slot_bytes]
+    extern __shared__ __align__(16) uint8_t mi_sw[]; // [MI_MMVQ_STAGES][GLU ? 2 : 1][slot_bytes]
     __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_THREADS / 32][NT];
-    constexpr int NM = GLU ? 2 : 1, CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB, U = MI_MMVQ_STREAM_U;
+    constexpr int NM = GLU ? 2 : 1;
     const int tpr = MI_MMVQ_THREADS / rps, j = threadIdx.x % tpr, k = threadIdx.x / tpr;
-    const int kc = MI_MMVQ_SLICE_CHUNKS(tpr); // chunks a slice (a multiple of CPB)
-    const int n_slices = (nchunks + kc - 1) / kc, n_groups = (n_rows + rps - 1) / rps, G = gridDim.x;
-    const int my_groups = n_groups > (int)blockIdx.x ? (n_groups - (int)blockIdx.x + G - 1) / G : 0;
-    const int n_steps = my_groups * n_slices; // this block's (group, slice) steps
-    // Copy step q's slice of each row and matrix into buffer `stage`; one commit group per call
-    // (empty past the last step), so the group count per step stays fixed for the wait below.
-    auto issue = [&](int q, int stage) {
-        if (q < n_steps) {
-            const int g = blockIdx.x + (q / n_slices) * G, sl = q % n_slices;
-            const int64_t b0 = (int64_t)(sl * kc / CPB) * BB;
-            const int64_t b1 = (int64_t)(min((sl + 1) * kc, nchunks) / CPB) * BB;
-            for (int kk = 0; kk < rps && g * rps + kk < n_rows; kk++)
+    const int n_steps = (n_rows + rps - 1) / rps, G = gridDim.x;
+    // Copy step `step`'s rows of each matrix into buffer `stage`; one commit group per call (empty
+    // past the last step) so that the group count per step stays fixed for the wait below.
+    auto issue = [&](int step, int stage) {
+        if (step < n_steps) {
+            const int r0 = step * rps, r1 = min(r0 + rps, n_rows);
 #pragma unroll
-                for (int m = 0; m < NM; m++) {
-                    const uint8_t *row = (m ? w1 : w0) + (int64_t)(g * rps + kk) * row_bytes;
-                    const uintptr_t a = (uintptr_t)(row + b0) & ~(uintptr_t)15;
-                    const uintptr_t e = ((uintptr_t)(row + b1) + 15) & ~(uintptr_t)15;
-                    uint8_t *dst = mi_sw + (int64_t)((stage * rps + kk) * NM + m) * slot_bytes;
-                    for (uintptr_t o = (uintptr_t)threadIdx.x * 16; a + o < e; o += MI_MMVQ_THREADS * 16)
-                        mi_cp_async16(dst + o, (const void *)(a + o));
-                }
+            for (int m = 0; m < NM; m++) {
+                const uint8_t *w = m ? w1 : w0;
+                const uintptr_t a = (uintptr_t)(w + (int64_t)r0 * row_bytes) & ~(uintptr_t)15;
+                const uintptr_t e = ((uintptr_t)(w + (int64_t)r1 * row_bytes) + 15) & ~(uintptr_t)15;
+                uint8_t *dst = mi_sw + (int64_t)(stage * NM + m) * slot_bytes;
+                for (uintptr_t o = (uintptr_t)threadIdx.x * 16; a + o < e; o += MI_MMVQ_THREADS * 16)
+                    mi_cp_async16(dst + o, (const void *)(a + o));
+            }
         }
         mi_cp_async_commit();
     };
 #pragma unroll
-    for (int st = 0; st < MI_MMVQ_STAGES - 1; st++) issue(st, st);
+    for (int s = 0; s < MI_MMVQ_STAGES - 1; s++) issue(blockIdx.x + s * G, s);
     mi_pdl_wait();
     mi_pdl_trigger();
-    float acc[NT], acc1[NT];
-    mi_epi_in<NT> in;
-    for (int q = 0; q < n_steps; q++) {
-        const int g = blockIdx.x + (q / n_slices) * G, sl = q % n_slices, r = g * rps + k;
-        mi_cp_async_wait<MI_MMVQ_STAGES - 2>(); // this thread's copies of step q have landed
-        __syncthreads();                         // everyone's have; and step q - 1's buffer is free
-        issue(q + MI_MMVQ_STAGES - 1, (q + MI_MMVQ_STAGES - 1) % MI_MMVQ_STAGES);
-        if (sl == 0) {
-            mi_epilogue_load<NT>(r, j == 0 && r < n_rows, os, accumulate, in);
+    int i = 0;
+    for (int step = blockIdx.x; step < n_steps; step += G, i++) {
+        mi_cp_async_wait<MI_MMVQ_STAGES - 2>(); // this thread's copies of step i have landed
+        __syncthreads();                         // everyone's have; and step i - 1's buffer is free
+        issue(step + (MI_MMVQ_STAGES - 1) * G, (i + MI_MMVQ_STAGES - 1) % MI_MMVQ_STAGES);
+        const int r = step * rps + k;
+        mi_epi_in<NT> in;
+        mi_epilogue_load<NT>(r, j == 0 && r < n_rows, os, accumulate, in);
+        float acc[NT], acc1[NT];
 #pragma unroll
-            for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
-        }
+        for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
         if (r < n_rows) {
-            const int st = q % MI_MMVQ_STAGES, c0 = sl * kc;
-            const int64_t b0 = (int64_t)(c0 / CPB) * BB; // the slice's first byte in the row
-            const uint8_t *s0 = mi_sw + (int64_t)((st * rps + k) * NM) * slot_bytes +
-                                ((uintptr_t)(w0 + (int64_t)r * row_bytes + b0) & 15);
-            const uint8_t *s1 = GLU ? mi_sw + (int64_t)((st * rps + k) * NM + 1) * slot_bytes +
-                                          ((uintptr_t)(w1 + (int64_t)r * row_bytes + b0) & 15)
-                                    : nullptr;
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int c = c0 + j + u * tpr;
-                if (c < nchunks) {
-                    mi_chunk ch;
-                    mi_qt<T>::load(s0 + ((c - c0) / CPB) * BB, c % CPB, ch);
-                    mi_chunk_dot<T, NT>(ch, c, xq, ldxb, acc);
-                    if (GLU) {
-                        mi_qt<T>::load(s1 + ((c - c0) / CPB) * BB, c % CPB, ch);
-                        mi_chunk_dot<T, NT>(ch, c, xq, ldxb, acc1);
-                    }
-                }
+            const int st = i % MI_MMVQ_STAGES;
+            const int64_t off = (int64_t)step * rps * row_bytes; // the step's first byte in each matrix
+            const int64_t k_off = (int64_t)k * row_bytes;
+            const uint8_t *row0 = mi_sw + (int64_t)st * NM * slot_bytes + ((uintptr_t)(w0 + off) & 15) + k_off;
+            const uint8_t *row1 =
+                GLU ? mi_sw + (int64_t)(st * NM + 1) * slot_bytes + ((uintptr_t)(w1 + off) & 15) + k_off : nullptr;
+#pragma unroll 2
+            for (int c = j; c < nchunks; c += tpr) {
+                mi_row_chunk<T, NT>(row0, c, xq, ldxb, acc);
+                if (GLU) mi_row_chunk<T, NT>(row1, c, xq, ldxb, acc1);
             }
         }
-        if (sl == n_slices - 1) {
-            mi_row_reduce<NT>(acc, tpr, sh[0]);
-            if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
-            if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate, in);
-        }
+        mi_row_reduce<NT>(acc, tpr, sh[0]);
+        if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
+        if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate, in);
     }
     mi_cp_async_wait_all(); // no copy outlives the block (the groups past the last step are empty)
 }
@@ -537,8 +515,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 template <int T, int NT, bool GLU> cudaError_t mi_launch_stream(const mi_mmvq_args &a, cudaStream_t s) {
     const auto kernel = mi_mmvq_stream_kernel<T, NT, GLU>;
     const int rps = a.stream;
-    const int64_t slot = mi_mmvq_slot_bytes(T, rps);
-    const size_t smem = mi_mmvq_stream_smem(T, rps, GLU);
+    const int64_t slot = mi_mmvq_slot_bytes(a.row_bytes, rps);
+    const size_t smem = (size_t)MI_MMVQ_STAGES * (GLU ? 2 : 1) * slot;
     cudaError_t e = cudaSuccess;
     if (smem > 48 * 1024 && // above the default limit of dynamic shared memory: opt in (idempotent)
         (e = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
@@ -546,7 +524,7 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_stream(const mi_mmvq_ar
     int per_sm = 0;
     if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MI_MMVQ_THREADS, smem))) return e;
     if (per_sm < 1) return cudaErrorInvalidConfiguration; // mi_mmvq_stream_rows checked the size
-    const int n_steps = (a.n_rows + rps - 1) / rps; // row groups
+    const int n_steps = (a.n_rows + rps - 1) / rps;
     int grid = per_sm * mi_cuda_sm_count();
     if (grid > n_steps) grid = n_steps;
     const int per_block = (n_steps + grid - 1) / grid;
