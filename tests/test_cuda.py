@@ -101,50 +101,6 @@ def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
         monkeypatch.delenv("MI_CUDA_MMVQ")
 
 
-QUANT_TYPES = [bg.Q4_0, bg.Q4_1, bg.Q5_0, bg.Q5_1, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K]
-
-
-@pytest.mark.parametrize("mmvq", ["0", "1", "2", "3"])
-@pytest.mark.parametrize("shape", [(67, 512), (45, 2560), (37, 256 * 19), (23, 256 * 40), (9001, 256)],
-                         ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("typ", QUANT_TYPES, ids=lambda t: bg.NAMES[t])
-def test_matmul_stream_same_bits(typ, shape, mmvq, monkeypatch):
-    """The streaming mat-vec (MI_CUDA_MMVQ_STREAM=1: every matrix of >= 1 KiB) gives the bits of
-    the kernel it replaces (=0) under each MI_CUDA_MMVQ choice: rows of 16 to 320 chunks (one to
-    four warps a row), 2-aligned rows (18-, 22-, 34-, 210-byte blocks), row counts that end a step
-    early, and 9001 short rows (many steps a block: the stage ring wraps). nt = 11 runs as groups of
-    8 + 3, each a streaming launch (counted); one-row results equal the batch rows; CPU bound."""
-    monkeypatch.setenv("MI_CUDA_MMVQ", mmvq)
-    n_rows, n_cols = shape
-    rng = np.random.default_rng(typ * 7 + n_cols + n_rows)
-    w = bg.random_weights(rng, typ, n_rows, n_cols)
-    x = rng.standard_normal((11, n_cols)).astype(np.float32)
-    monkeypatch.setenv("MI_CUDA_MMVQ_STREAM", "0")
-    before = core.mmvq_stream_launches()
-    ref = matmul(1, typ, w, n_rows, n_cols, x)
-    assert core.mmvq_stream_launches() == before
-    monkeypatch.setenv("MI_CUDA_MMVQ_STREAM", "1")
-    y = matmul(1, typ, w, n_rows, n_cols, x)
-    assert core.mmvq_stream_launches() - before == 2
-    assert np.array_equal(y, ref), bg.NAMES[typ]
-    for t in (0, 4, 10):
-        assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[t:t + 1]), ref[t:t + 1]), (bg.NAMES[typ], t)
-    assert nmse(y, matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
-
-
-def test_matmul_stream_threshold(monkeypatch):
-    """MI_CUDA_MMVQ_STREAM=N streams matrices of at least N KiB only; unset, the default size."""
-    rng = np.random.default_rng(5)
-    n_rows, n_cols = 64, 256 * 8  # q4_K: 64 rows x 1,152 bytes = 72 KiB
-    w = bg.random_weights(rng, bg.Q4_K, n_rows, n_cols)
-    x = rng.standard_normal((2, n_cols)).astype(np.float32)
-    for kib, streamed in (("72", True), ("73", False), ("0", False), ("", False)):
-        monkeypatch.setenv("MI_CUDA_MMVQ_STREAM", kib)
-        before = core.mmvq_stream_launches()
-        matmul(1, bg.Q4_K, w, n_rows, n_cols, x)
-        assert (core.mmvq_stream_launches() - before == 1) == streamed, kib
-
-
 # ---- MMQ, the tensor-core GEMM for nt >= 10 (native/cuda/mmq.cuh) ----
 # Reference: the float64 product of the CPU-dequantized weights (dequantizers tested vs gguf-py).
 # MMQ rounds W and x to f16 (2^-11 relative each) and sums in f32: on these operands NMSE ~1e-7 and
@@ -496,21 +452,6 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
 
 
 @pytest.mark.parametrize("nt", [1, 4, 9])
-@pytest.mark.parametrize("mix", ["q4_k_m", "mixed"])
-def test_forward_stream_same_bits(nt, mix, monkeypatch):
-    """Whole forwards with every mat-vec that can stream on the streaming kernel
-    (MI_CUDA_MMVQ_STREAM=1: o, gate/up + SwiGLU, down, the LM head; q/k/v keep the fused RoPE) give
-    the bits of the default kernels (=0), graphed (nt <= 9) and for the batch rows of a verify."""
-    model = small_model(9, types=bg.qwen_types(SMALL["n_layer"]) if mix == "q4_k_m" else SMALL_TYPES)
-    prompt = list(np.random.default_rng(9).integers(0, SMALL["n_vocab"], 10))
-    before = core.mmvq_stream_launches()
-    out = batch_under_env(monkeypatch, "MI_CUDA_MMVQ_STREAM", ("0", "1"), model, prompt, list(range(7, 7 + nt)))
-    assert core.mmvq_stream_launches() > before
-    assert np.std(out[0][0]) > 0.1
-    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
-
-
-@pytest.mark.parametrize("nt", [1, 4, 9])
 @pytest.mark.parametrize("mix", ["q4_k+q6_k", "q5_0+q8_0", "q4_k+q6_k,rope_kernel", "q5_k+q6_k,k_with_v"])
 def test_mixed_qkv_launch_bitwise(nt, mix, monkeypatch):
     """q/k/v in two groups of different types ({q, k} + {v} in layer 0 of these mixes, or {q} +
@@ -808,8 +749,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
-                                     ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256"),
-                                     ("MI_CUDA_MMVQ_STREAM", "x"), ("MI_CUDA_MMVQ_STREAM", "-1")])
+                                     ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -32,20 +32,6 @@ struct mi_dtensor {
     int64_t n_cols, n_rows, row_bytes;
 };
 
-// Streaming multiprocessors of the device in use (cached; 132, the H100 / H200's, if the query fails).
-inline int mi_cuda_sm_count() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
-            cudaGetLastError();
-            v = 132; // H100/H200; only shapes grid sizes
-        }
-        return v;
-    }();
-    return n;
-}
-
 #define MI_FULL_MASK 0xffffffffu
 
 __device__ __forceinline__ float mi_warp_sum(float v) {
@@ -140,25 +126,20 @@ static inline bool mi_pdl_on(cudaStream_t s) {
     return s != 0 && cc_major >= 9 && !(e && e[0] == '0');
 }
 
-// kernel<<<grid, block, smem, s>>>(args...) with the PDL attribute where mi_pdl_on(s).
+// kernel<<<grid, block, 0, s>>>(args...) with the PDL attribute where mi_pdl_on(s).
 template <typename... P, typename... A>
-cudaError_t mi_launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
+cudaError_t mi_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t s, A &&...args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
+    cfg.dynamicSmemBytes = 0;
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = mi_pdl_on(s) ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
-}
-// The same without dynamic shared memory.
-template <typename... P, typename... A>
-cudaError_t mi_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t s, A &&...args) {
-    return mi_launch_smem(kernel, grid, block, 0, s, static_cast<A &&>(args)...);
 }
 // Launch as mi_launch and return MI_ERR_CUDA from the enclosing function on failure.
 #define MI_LAUNCH(name, kernel, grid, block, s, ...)                                                        \

@@ -31,10 +31,6 @@ __device__ __forceinline__ void mi_cp_async16(void *smem, const void *gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void mi_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Wait until at most N of this thread's committed cp.async groups are pending (N = 0: all done;
-// the block barrier after it publishes them).
-template <int N> __device__ __forceinline__ void mi_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void mi_cp_async_wait_all() { mi_cp_async_wait<0>(); }
+// Wait for every cp.async this thread issued (the block barrier after it publishes them).
+__device__ __forceinline__ void mi_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 #endif

@@ -393,6 +393,19 @@ __global__ void mi_mmq_reduce_kernel(const float *__restrict__ part, int splits,
     mi_mmq_out(v, (int)(i / n_rows), (int)(i % n_rows), y, ldy, bias, accumulate);
 }
 
+int mi_mmq_sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+            cudaGetLastError();
+            v = 132; // H100/H200; only shapes the split choice
+        }
+        return v;
+    }();
+    return n;
+}
+
 // Automatic K splits for a grid of `tiles` output tiles of `ksteps` K steps (MI_CUDA_MMQ_FILL=1,
 // the default): the count s that minimizes an estimate of the time. Blocks of 1 / s of the K
 // range, ceil(tiles s / SMs) of them on the busiest SM, two at a time (the launch bound), a pair
@@ -545,7 +558,7 @@ namespace {
 size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
     // The largest split count x nt x n_rows over every nt <= max_nt, both tile widths and both split
     // rules (the K range is not known here: taken as unlimited), capped at MI_MMQ_SCRATCH_CAP.
-    const int n_sm = mi_cuda_sm_count();
+    const int n_sm = mi_mmq_sm_count();
     const int64_t tiles_m = (n_rows + BM - 1) / BM;
     size_t need = 0;
     for (int nt = 1; nt <= max_nt; nt++)
@@ -582,7 +595,7 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
     const int64_t tiles = (int64_t)tiles_n * tiles_m;
     // K splits (mi_mmq_auto_splits), each at least MI_MMQ_MIN_KSTEPS steps; never more than the
     // scratch holds.
-    const int n_sm = mi_cuda_sm_count(), forced = mi_mmq_forced_splits();
+    const int n_sm = mi_mmq_sm_count(), forced = mi_mmq_forced_splits();
     const int splits_auto = mi_mmq_auto_splits(tiles, ksteps, n_sm, mi_mmq_fill());
     int splits = forced ? forced : splits_auto;
     if (splits > MI_MMQ_MAX_SPLIT) splits = MI_MMQ_MAX_SPLIT;

@@ -55,40 +55,6 @@ static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
     }
 }
 
-// MI_CUDA_MMVQ_STREAM (read at every call, as MI_CUDA_MMVQ): the smallest matrix, in KiB, that the
-// streaming kernel serves; 0 = none; unset or empty = MI_MMVQ_STREAM_KIB. -1 when malformed.
-constexpr int64_t MI_MMVQ_STREAM_KIB = 1024;
-static int64_t mi_mmvq_stream_kib() {
-    const char *ev = getenv("MI_CUDA_MMVQ_STREAM");
-    if (!ev || !*ev) return MI_MMVQ_STREAM_KIB;
-    char *end = nullptr;
-    const long long v = strtoll(ev, &end, 10);
-    if (*end || v < 0 || ev[0] < '0' || ev[0] > '9') return -1;
-    return v > (1LL << 40) ? (1LL << 40) : (int64_t)v; // (KiB: no product overflows)
-}
-
-// Rows a step of the streaming kernel for launch a (0: not streamed): quantized weights of at least
-// min_kib KiB, no fused RoPE or quantized output, and the stages fit one block's shared memory.
-static int mi_mmvq_stream_rows(int type, const mi_mmvq_args &a, int64_t min_kib) {
-    static const int smem_max = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-            cudaGetLastError();
-            v = 48 * 1024;
-        }
-        return v;
-    }();
-    if (min_kib == 0 || type == MI_TYPE_F32 || type == MI_TYPE_F16 || a.os.any_rope || a.os.yq) return 0;
-    if ((int64_t)a.n_rows * a.row_bytes < min_kib * 1024) return 0;
-    const int rps = a.warp ? 4 / a.warp : a.rpb; // rows a 128-thread block of the kernel it replaces
-    const int64_t smem = MI_MMVQ_STAGES * (a.w1 ? 2 : 1) * mi_mmvq_slot_bytes(a.row_bytes, rps);
-    return smem <= smem_max ? rps : 0;
-}
-
-static uint64_t mi_mmvq_stream_count = 0; // streaming launches so far (mi_cuda_mmvq_stream_launches)
-extern "C" uint64_t mi_cuda_mmvq_stream_launches(void) { return __atomic_load_n(&mi_mmvq_stream_count, __ATOMIC_RELAXED); }
-
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     const int mode = mi_mmvq_mode(); // modes 0 and 3 run rows of <= 128 chunks on the block kernel
     return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
@@ -138,15 +104,8 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     const int mode = mi_mmvq_mode();
     if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2 or 3", getenv("MI_CUDA_MMVQ"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows);
-    const int64_t stream_kib = mi_mmvq_stream_kib();
-    if (stream_kib < 0)
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_STREAM=%s: want a size in KiB (0: off)", getenv("MI_CUDA_MMVQ_STREAM"));
-    a.os = *out;
-    a.stream = mi_mmvq_stream_rows(w->type, a, stream_kib);
-    return mi_mmvq_groups(a, xq, xf, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
-        if (ga.stream) __atomic_fetch_add(&mi_mmvq_stream_count, 1, __ATOMIC_RELAXED);
-        return mi_launch_type(w->type, w_up != nullptr, g, ga, s);
-    });
+    return mi_mmvq_groups(a, xq, xf, ldx, nt, out,
+                          [&](int g, const mi_mmvq_args &ga) { return mi_launch_type(w->type, w_up != nullptr, g, ga, s); });
 }
 
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
@@ -185,7 +144,6 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
     a.accumulate = accumulate;
     a.rpb = mi_rows_per_block(w0->n_cols / 32);
     a.warp = 0;
-    a.stream = 0;
     return mi_mmvq_groups(a, xq, nullptr, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
         const cudaError_t e = mi_mmvq_mixed_launch(w0->type, w1->type, g, ga, w1->data, w1->row_bytes, (int)w1->n_rows, s);
         return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (mixed): %s", cudaGetErrorString(e));

@@ -58,8 +58,7 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
 
 // One launch's arguments (host side): w0/w1 [n_rows][row_bytes] device weights (w1: SwiGLU up or
 // NULL), xq [nt][ldx/32] q8a or xf [nt][ldx] f32 activations, rpb rows per 128-thread block,
-// warp = warps per row for the warp kernel (0: block kernel), stream = rows a step of the
-// streaming kernel (0: not streamed; else it replaces the kernel rpb / warp name, same bits).
+// warp = warps per row for the warp kernel (0: block kernel).
 struct mi_mmvq_args {
     const uint8_t *w0, *w1;
     int64_t row_bytes;
@@ -68,14 +67,8 @@ struct mi_mmvq_args {
     const float *xf;
     int64_t ldx;
     mi_mmvq_out os;
-    int accumulate, rpb, warp, stream;
+    int accumulate, rpb, warp;
 };
-// The streaming kernel (mmvq_kernels.cuh, mi_mmvq_stream_kernel): shared-memory stages, and the
-// bytes of one matrix's buffer in one stage: rps rows of row_bytes widened to 16-byte bounds.
-constexpr int MI_MMVQ_STAGES = 3;
-static inline int64_t mi_mmvq_slot_bytes(int64_t row_bytes, int rps) {
-    return ((int64_t)rps * row_bytes + 15) / 16 * 16 + 16;
-}
 template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s);
 // Mixed launches (mmvq_mixed.cu): whether the pair (t0, t1) is compiled, and the launch of one group
 // of nt <= 8 rows: a.w0 / a.row_bytes / a.n_rows describe w0, w1 / row_bytes1 / n_rows1 the second part.

@@ -8,7 +8,6 @@
 // (CMakeLists.txt: mmvq_<type>.cu, so the types compile in parallel) and by mmvq_mixed.cu.
 #ifndef MI_CUDA_MMVQ_KERNELS_CUH
 #define MI_CUDA_MMVQ_KERNELS_CUH
-#include "mma.cuh"
 #include "mmvq.cuh"
 #include "qtypes.cuh"
 
@@ -388,85 +387,6 @@ __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * (MI_MMVQ_WARPS / wpr), MI_MMVQ_WARPS / wpr);
 }
 
-// Streaming kernel for large matrices (mi_cuda_mmvq_seg picks it by size: MI_CUDA_MMVQ_STREAM):
-// the block kernel's (or the warp kernel's) arithmetic with its weights staged through shared
-// memory. Why: each block of those kernels loads its rows' weights, then reduces and stores with
-// nothing in flight, so the 7B shape's gate/up launch ran 72 short blocks an SM at ~2.3 TB/s
-// (docs/perf.md, session 12). Here a grid of about as many blocks as fit the SMs walks the row
-// steps (rps rows each: step i of block b is b + i * gridDim.x) with MI_MMVQ_STAGES shared-memory
-// buffers: the copies (cp.async, 16 bytes a thread, L2 -> shared) of the next STAGES - 1 steps are
-// in flight while a step is computed, and the first ones are issued before the PDL wait (weights
-// are constants), overlapping the kernel before. A step's bytes are its rows' byte range widened
-// to 16-byte bounds (rows of 18-, 22-, 34-, 210-byte blocks are only 2-aligned), so every row sits
-// in shared memory at its global address mod 16 and the type loads keep their alignment; the
-// widening stays inside the tensor's 256-byte padding (mi_upload). Thread j of a row takes chunks
-// j, j + tpr, ... in order (tpr = 128 / rps threads a row), then mi_row_reduce: the order of the
-// block kernel with rpb = rps, which for tpr = 32 is also the warp kernel's with one warp a row
-// (its unroll never reorders a sum), and for tpr = 64 / 128 its two / four warps a row (butterfly,
-// then the warps in order). So a row's bits are those of the kernel it replaces, at every NT.
-// No fused RoPE, no quantized output (the caller keeps those on the other kernels).
-template <int T, int NT, bool GLU>
-__global__ void __launch_bounds__(MI_MMVQ_THREADS)
-    mi_mmvq_stream_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes,
-                          int n_rows, int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb,
-                          const mi_mmvq_out os, int accumulate, int rps, int slot_bytes) {
-    extern __shared__ __align__(16) uint8_t mi_sw[]; // [MI_MMVQ_STAGES][GLU ? 2 : 1][slot_bytes]
-    __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_THREADS / 32][NT];
-    constexpr int NM = GLU ? 2 : 1;
-    const int tpr = MI_MMVQ_THREADS / rps, j = threadIdx.x % tpr, k = threadIdx.x / tpr;
-    const int n_steps = (n_rows + rps - 1) / rps, G = gridDim.x;
-    // Copy step `step`'s rows of each matrix into buffer `stage`; one commit group per call (empty
-    // past the last step) so that the group count per step stays fixed for the wait below.
-    auto issue = [&](int step, int stage) {
-        if (step < n_steps) {
-            const int r0 = step * rps, r1 = min(r0 + rps, n_rows);
-#pragma unroll
-            for (int m = 0; m < NM; m++) {
-                const uint8_t *w = m ? w1 : w0;
-                const uintptr_t a = (uintptr_t)(w + (int64_t)r0 * row_bytes) & ~(uintptr_t)15;
-                const uintptr_t e = ((uintptr_t)(w + (int64_t)r1 * row_bytes) + 15) & ~(uintptr_t)15;
-                uint8_t *dst = mi_sw + (int64_t)(stage * NM + m) * slot_bytes;
-                for (uintptr_t o = (uintptr_t)threadIdx.x * 16; a + o < e; o += MI_MMVQ_THREADS * 16)
-                    mi_cp_async16(dst + o, (const void *)(a + o));
-            }
-        }
-        mi_cp_async_commit();
-    };
-#pragma unroll
-    for (int s = 0; s < MI_MMVQ_STAGES - 1; s++) issue(blockIdx.x + s * G, s);
-    mi_pdl_wait();
-    mi_pdl_trigger();
-    int i = 0;
-    for (int step = blockIdx.x; step < n_steps; step += G, i++) {
-        mi_cp_async_wait<MI_MMVQ_STAGES - 2>(); // this thread's copies of step i have landed
-        __syncthreads();                         // everyone's have; and step i - 1's buffer is free
-        issue(step + (MI_MMVQ_STAGES - 1) * G, (i + MI_MMVQ_STAGES - 1) % MI_MMVQ_STAGES);
-        const int r = step * rps + k;
-        mi_epi_in<NT> in;
-        mi_epilogue_load<NT>(r, j == 0 && r < n_rows, os, accumulate, in);
-        float acc[NT], acc1[NT];
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
-        if (r < n_rows) {
-            const int st = i % MI_MMVQ_STAGES;
-            const int64_t off = (int64_t)step * rps * row_bytes; // the step's first byte in each matrix
-            const int64_t k_off = (int64_t)k * row_bytes;
-            const uint8_t *row0 = mi_sw + (int64_t)st * NM * slot_bytes + ((uintptr_t)(w0 + off) & 15) + k_off;
-            const uint8_t *row1 =
-                GLU ? mi_sw + (int64_t)(st * NM + 1) * slot_bytes + ((uintptr_t)(w1 + off) & 15) + k_off : nullptr;
-#pragma unroll 2
-            for (int c = j; c < nchunks; c += tpr) {
-                mi_row_chunk<T, NT>(row0, c, xq, ldxb, acc);
-                if (GLU) mi_row_chunk<T, NT>(row1, c, xq, ldxb, acc1);
-            }
-        }
-        mi_row_reduce<NT>(acc, tpr, sh[0]);
-        if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
-        if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate, in);
-    }
-    mi_cp_async_wait_all(); // no copy outlives the block (the groups past the last step are empty)
-}
-
 // Chunks in flight per lane: more for few activation rows, fewer where NT (and GLU) cost registers.
 template <int NT, bool GLU> constexpr int mi_mmvq_unroll() {
     return NT <= 2 ? (GLU ? 2 : 4) : NT <= 4 ? (GLU ? 1 : 2) : 1;
@@ -510,33 +430,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 }
 
 
-// The streaming kernel over a.stream rows a step: as many blocks as fit the SMs at once (fewer where
-// that evens out the steps a block takes), at most one per step.
-template <int T, int NT, bool GLU> cudaError_t mi_launch_stream(const mi_mmvq_args &a, cudaStream_t s) {
-    const auto kernel = mi_mmvq_stream_kernel<T, NT, GLU>;
-    const int rps = a.stream;
-    const int64_t slot = mi_mmvq_slot_bytes(a.row_bytes, rps);
-    const size_t smem = (size_t)MI_MMVQ_STAGES * (GLU ? 2 : 1) * slot;
-    cudaError_t e = cudaSuccess;
-    if (smem > 48 * 1024 && // above the default limit of dynamic shared memory: opt in (idempotent)
-        (e = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
-        return e;
-    int per_sm = 0;
-    if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MI_MMVQ_THREADS, smem))) return e;
-    if (per_sm < 1) return cudaErrorInvalidConfiguration; // mi_mmvq_stream_rows checked the size
-    const int n_steps = (a.n_rows + rps - 1) / rps;
-    int grid = per_sm * mi_cuda_sm_count();
-    if (grid > n_steps) grid = n_steps;
-    const int per_block = (n_steps + grid - 1) / grid;
-    grid = (n_steps + per_block - 1) / per_block;
-    return mi_launch_smem(kernel, grid, MI_MMVQ_THREADS, smem, s, a.w0, a.w1, a.row_bytes, a.n_rows, a.n_cols / 32,
-                          a.xq, a.ldx / 32, a.os, a.accumulate, rps, (int)slot);
-}
-
 template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args &a, cudaStream_t s) {
     const int grid = (a.n_rows + a.rpb - 1) / a.rpb;
-    if constexpr (T != MI_TYPE_F32 && T != MI_TYPE_F16)
-        if (a.stream) return mi_launch_stream<T, NT, GLU>(a, s);
     if constexpr (T == MI_TYPE_F32 || T == MI_TYPE_F16)
         return mi_launch(mi_mmv_f_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols, a.xf, a.ldx, a.os, a.accumulate, a.rpb);
