@@ -76,7 +76,6 @@ struct mi_cuda_ctx {
     int fuse_quant;
     int no_mmq;            // MI_CUDA_MMQ=0: nt >= 10 loops the 8-row mat-vec instead (A/B, tests)
     int rope_fuse;         // RoPE + KV write in the q/k/v mat-vec epilogue (MI_CUDA_ROPE_FUSE=0: kernel)
-    int rope_early;        // that epilogue's inputs copied early (mi_mmvq_out.rope_early; MI_CUDA_ROPE_EARLY=0: late)
     // q/k/v of two types (q, k stacked + v: half the layers of Qwen2.5 Q4_K_M files) in one mixed
     // launch (mi_cuda_mmvq_mixed) instead of two where the pair is compiled (1, the default);
     // MI_CUDA_QKV_MIXED=0: never (0, A/B timing); =1: required (2), context creation fails for a
@@ -307,7 +306,6 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                 o.hd = HD;
                 o.neox = c->rope_type == MI_ROPE_NEOX;
                 o.ld_cache = KD;
-                o.rope_early = c->rope_early;
                 o.pos = pos;
                 o.rope_cs = c->rope_cs;
             }
@@ -552,12 +550,6 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->attn_prefill = !(pe && strcmp(pe, "0") == 0) && mi_cuda_attention_prefill_applies(d->n_head, d->n_head_kv, d->head_dim);
     const char *re = getenv("MI_CUDA_ROPE_FUSE");
     c->rope_fuse = !(re && strcmp(re, "0") == 0) && mi_cuda_mmvq_can_rope(d->n_embd);
-    const char *ee = getenv("MI_CUDA_ROPE_EARLY");
-    if (ee && ee[0] && strcmp(ee, "0") != 0 && strcmp(ee, "1") != 0) {
-        free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ROPE_EARLY=%s: want 0 or 1", ee);
-    }
-    c->rope_early = !(ee && strcmp(ee, "0") == 0);
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
     if (!c->layers) { free(c); return mi_set_error(MI_ERR_OOM, "out of host memory"); }
     int rc = MI_OK;

@@ -30,11 +30,6 @@ __device__ __forceinline__ void mi_cp_async16(void *smem, const void *gmem) {
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
-// 4 bytes global -> shared without registers (through L1: .ca, the only class below 16 bytes).
-__device__ __forceinline__ void mi_cp_async4(void *smem, const void *gmem) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
 __device__ __forceinline__ void mi_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Wait for every cp.async this thread issued (the block barrier after it publishes them).
 __device__ __forceinline__ void mi_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }

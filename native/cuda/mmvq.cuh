@@ -31,9 +31,7 @@ struct mi_mmvq_out {
     // 2m, 2m + 1), so both land in one block and are rotated there with the rope kernel's formula:
     // the same bits as matmul + mi_cuda_rope_kv. cache[i]: [n_ctx][ld_cache] f16, row pos[t];
     // rope_cs: [nt][hd] (cos[hd/2] then sin[hd/2]).
-    // rope_early != 0: the epilogue's bias, positions and cos / sin are copied into shared memory
-    // (cp.async) right after the PDL wait instead of loaded after the reduction (same values).
-    int any_rope, hd, neox, rope_early;
+    int any_rope, hd, neox;
     int rope[MI_MMVQ_MAX_SEG];
     __half *cache[MI_MMVQ_MAX_SEG];
     int64_t ld_cache;

@@ -8,7 +8,6 @@
 // (CMakeLists.txt: mmvq_<type>.cu, so the types compile in parallel) and by mmvq_mixed.cu.
 #ifndef MI_CUDA_MMVQ_KERNELS_CUH
 #define MI_CUDA_MMVQ_KERNELS_CUH
-#include "mma.cuh"
 #include "mmvq.cuh"
 #include "qtypes.cuh"
 
@@ -64,49 +63,18 @@ __device__ __forceinline__ void mi_mmvq_prologue(const uint8_t *w0, const uint8_
     mi_pdl_trigger();
 }
 
-// What the fused RoPE epilogue of a row reads besides the sums: its bias, the NT positions (modes 2,
-// 3) and, for the even row of a rotated pair, its cos / sin of the NT rows (modes 1, 2). With
-// os.rope_early the row's finishing thread copies them into shared memory right after the PDL wait
-// (cp.async: no registers held across the weight loop, no stall), so these two dependent L2 round
-// trips (bias before the block barrier, then cos / sin / positions) leave the launch's tail.
-template <int NT> struct mi_rope_in {
-    float b;
-    float cs[NT], sn[NT];
-    int p[NT];
-};
-template <int NT>
-__device__ __forceinline__ void mi_rope_preload(const mi_mmvq_out &os, int r, int ra, mi_rope_in<NT> &in) {
-    const mi_seg_sel s = mi_seg_of(os, r);
-    if (s.bias) mi_cp_async4(&in.b, s.bias + (ra - s.base));
-    if (s.mode == 2 || s.mode == 3)
-#pragma unroll
-        for (int t = 0; t < NT; t++) mi_cp_async4(&in.p[t], os.pos + t);
-    if ((s.mode == 1 || s.mode == 2) && ((r - s.base) & 1) == 0) {
-        const int i = (r - s.base) % os.hd / 2, half = os.hd / 2;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            mi_cp_async4(&in.cs[t], os.rope_cs + t * os.hd + i);
-            mi_cp_async4(&in.sn[t], os.rope_cs + t * os.hd + half + i);
-        }
-    }
-    mi_cp_async_commit();
-}
-
 // Fused epilogue of a q/k/v launch (os.any_rope), called by every thread of the block: row k of
 // the block (virtual row r, matrix row ra) is finished by its thread j == 0 (active). Values
 // (+ bias) meet in shared memory; the even row of each rotated pair writes both rotated outputs.
-// pre: what mi_rope_preload copied for this row (os.rope_early), or NULL: loaded here.
 template <int NT>
 __device__ __forceinline__ void mi_epilogue_rope(const float *acc, int r, int ra, int k, bool active,
-                                                 const mi_mmvq_out &os, int accumulate, const mi_rope_in<NT> *pre) {
+                                                 const mi_mmvq_out &os, int accumulate) {
     __shared__ float pv[4][NT]; // rows per block <= 4
     mi_seg_sel s = {0, 0, nullptr, 0, nullptr, nullptr};
     if (active) {
         s = mi_seg_of(os, r);
-        if (pre) mi_cp_async_wait_all(); // this thread's own copies: visible to it now
-        const float b = !s.bias ? 0.0f : pre ? pre->b : s.bias[ra - s.base];
 #pragma unroll
-        for (int t = 0; t < NT; t++) pv[k][t] = s.bias ? __fadd_rn(acc[t], b) : acc[t];
+        for (int t = 0; t < NT; t++) pv[k][t] = s.bias ? __fadd_rn(acc[t], s.bias[ra - s.base]) : acc[t];
     }
     __syncthreads();
     if (!active) return;
@@ -122,7 +90,7 @@ __device__ __forceinline__ void mi_epilogue_rope(const float *acc, int r, int ra
     } else if (s.mode == 3) {
         int p[NT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) p[t] = pre ? pre->p[t] : os.pos[t];
+        for (int t = 0; t < NT; t++) p[t] = os.pos[t];
 #pragma unroll
         for (int t = 0; t < NT; t++) s.cache[(int64_t)p[t] * os.ld_cache + l] = __float2half_rn(pv[k][t]);
     } else if (((r - s.base) & 1) == 0) {
@@ -132,9 +100,9 @@ __device__ __forceinline__ void mi_epilogue_rope(const float *acc, int r, int ra
         int p[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            cs[t] = pre ? pre->cs[t] : os.rope_cs[t * os.hd + i];
-            sn[t] = pre ? pre->sn[t] : os.rope_cs[t * os.hd + half + i];
-            p[t] = s.mode != 2 ? 0 : pre ? pre->p[t] : os.pos[t];
+            cs[t] = os.rope_cs[t * os.hd + i];
+            sn[t] = os.rope_cs[t * os.hd + half + i];
+            p[t] = s.mode == 2 ? os.pos[t] : 0;
         }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
@@ -296,9 +264,6 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
     mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * rpb, rpb, n_rows, os, row_off);
     mi_epi_in<NT> in;
     mi_epilogue_load<NT>(r, GLU || !os.any_rope ? j == 0 && r < n_rows : false, os, accumulate, in);
-    __shared__ mi_rope_in<NT> rope_in[4]; // rows per block <= 4
-    const bool rope_early = !GLU && os.any_rope && os.rope_early;
-    if (rope_early && j == 0 && r < n_rows) mi_rope_preload<NT>(os, r, ra, rope_in[threadIdx.x / tpr]);
     float acc[NT], acc1[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc1[t] = 0.0f;
@@ -315,8 +280,7 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
     mi_row_reduce<NT>(acc, tpr, sh[0]);
     if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
     if (!GLU && os.any_rope)
-        mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate,
-                             rope_early ? &rope_in[threadIdx.x / tpr] : nullptr);
+        mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
     else if (j == 0 && r < n_rows)
         mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate, in);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
@@ -458,8 +422,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     }
     mi_row_reduce<NT>(acc, tpr, sh[0]);
     if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
-    if (!GLU && os.any_rope) // (no early copies here: F32 / F16 q/k/v are test and tiny-model shapes)
-        mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate, nullptr);
+    if (!GLU && os.any_rope)
+        mi_epilogue_rope<NT>(acc, r, ra, threadIdx.x / tpr, j == 0 && r < n_rows, os, accumulate);
     else if (j == 0 && r < n_rows)
         mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate, in);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
