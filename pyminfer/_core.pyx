@@ -91,12 +91,6 @@ def mmq_wide_launches() -> int:
     return mi_cuda_mmq_wide_launches()
 
 
-def mmvq_tsplit_launches() -> int:
-    """Mat-vec launches that split their activation rows over warps (native/cuda/mmvq_kernels.cuh,
-    MI_CUDA_MMVQ_TSPLIT) in this process so far; 0 without CUDA. For tests: which kernel ran."""
-    return mi_cuda_mmvq_tsplit_launches()
-
-
 def cuda_copy_bandwidth() -> float:
     """Device-to-device copy bandwidth of CUDA device 0 in bytes/s (read + write); raises
     RuntimeError when there is no CUDA device."""

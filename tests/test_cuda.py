@@ -101,46 +101,6 @@ def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
         monkeypatch.delenv("MI_CUDA_MMVQ")
 
 
-@pytest.mark.parametrize("typ", [bg.Q4_0, bg.Q4_1, bg.Q5_0, bg.Q5_1, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K],
-                         ids=lambda t: bg.NAMES[t])
-@pytest.mark.parametrize("n_rows,n_cols", [(67, 512), (1537, 1536), (5, 2048)])
-def test_matmul_tsplit_same_bits(typ, n_rows, n_cols, monkeypatch):
-    """Activation rows split over 2 / 4 warps (MI_CUDA_MMVQ_TSPLIT, rows of <= 64 chunks) give the
-    bits of the block kernel (=0) for nt = 2..8 and 11 (8 + 3: only the even group splits), and
-    one-row results equal the batch rows; the split launches are counted, so the test cannot pass
-    on the old kernel alone. Row counts that end a block early (67, 1537, 5)."""
-    rng = np.random.default_rng(typ * 11 + n_rows)
-    w = bg.random_weights(rng, typ, n_rows, n_cols)
-    x = rng.standard_normal((11, n_cols)).astype(np.float32)
-    monkeypatch.setenv("MI_CUDA_MMVQ_TSPLIT", "0")
-    ones = np.concatenate([matmul(1, typ, w, n_rows, n_cols, x[i:i + 1]) for i in range(11)])
-    before = core.mmvq_tsplit_launches()
-    ref = {nt: matmul(1, typ, w, n_rows, n_cols, x[:nt]) for nt in (2, 3, 4, 6, 8, 11)}
-    assert core.mmvq_tsplit_launches() == before
-    monkeypatch.setenv("MI_CUDA_MMVQ_TSPLIT", "1000000")
-    for nt, r in ref.items():
-        before = core.mmvq_tsplit_launches()
-        y = matmul(1, typ, w, n_rows, n_cols, x[:nt])
-        assert core.mmvq_tsplit_launches() - before == (nt % 2 == 0 or nt > 8), nt
-        assert np.array_equal(y, r), (bg.NAMES[typ], nt)
-        assert np.array_equal(y, ones[:nt]), (bg.NAMES[typ], nt)
-    assert nmse(ones, matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
-
-
-def test_matmul_tsplit_by_blocks_per_sm(monkeypatch):
-    """MI_CUDA_MMVQ_TSPLIT=N splits launches of at most N 4-row blocks an SM: a 1-row matrix splits
-    at N = 1, a matrix of more 4-row blocks than the GPU has SMs x 1 does not; 0 never splits."""
-    rng = np.random.default_rng(3)
-    n_cols = 512
-    x = rng.standard_normal((4, n_cols)).astype(np.float32)
-    for n_rows, kib, split in ((1, "1", True), (4 * 4096 + 4, "1", False), (1, "0", False)):
-        w = bg.random_weights(rng, bg.Q4_0, n_rows, n_cols)
-        monkeypatch.setenv("MI_CUDA_MMVQ_TSPLIT", kib)
-        before = core.mmvq_tsplit_launches()
-        matmul(1, bg.Q4_0, w, n_rows, n_cols, x)
-        assert (core.mmvq_tsplit_launches() - before == 1) == split, (n_rows, kib)
-
-
 # ---- MMQ, the tensor-core GEMM for nt >= 10 (native/cuda/mmq.cuh) ----
 # Reference: the float64 product of the CPU-dequantized weights (dequantizers tested vs gguf-py).
 # MMQ rounds W and x to f16 (2^-11 relative each) and sums in f32: on these operands NMSE ~1e-7 and
@@ -491,24 +451,6 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
 
 
-@pytest.mark.parametrize("nt", [2, 4, 6, 8, 9])
-@pytest.mark.parametrize("variant", ["q4_k_m", "mixed", "rope_kernel"])
-def test_forward_tsplit_same_bits(nt, variant, monkeypatch):
-    """Whole forwards with the activation rows of every eligible mat-vec split over warps
-    (MI_CUDA_MMVQ_TSPLIT=1000000: o, gate/up + SwiGLU, down, the LM head of the small model, and
-    q/k/v with their biases where the RoPE runs as its own kernel) give the bits of the block
-    kernel (=0), graphed (nt <= 9; 9 = 8 + 1 rows)."""
-    if variant == "rope_kernel":
-        monkeypatch.setenv("MI_CUDA_ROPE_FUSE", "0")
-    model = small_model(10, types=SMALL_TYPES if variant == "mixed" else bg.qwen_types(SMALL["n_layer"]))
-    prompt = list(np.random.default_rng(10).integers(0, SMALL["n_vocab"], 10))
-    before = core.mmvq_tsplit_launches()
-    out = batch_under_env(monkeypatch, "MI_CUDA_MMVQ_TSPLIT", ("0", "1000000"), model, prompt, list(range(7, 7 + nt)))
-    assert core.mmvq_tsplit_launches() > before
-    assert np.std(out[0][0]) > 0.1
-    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
-
-
 @pytest.mark.parametrize("nt", [1, 4, 9])
 @pytest.mark.parametrize("mix", ["q4_k+q6_k", "q5_0+q8_0", "q4_k+q6_k,rope_kernel", "q5_k+q6_k,k_with_v"])
 def test_mixed_qkv_launch_bitwise(nt, mix, monkeypatch):
@@ -807,8 +749,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
-                                     ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256"),
-                                     ("MI_CUDA_MMVQ_TSPLIT", "x"), ("MI_CUDA_MMVQ_TSPLIT", "-1")])
+                                     ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -55,34 +55,6 @@ static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
     }
 }
 
-// MI_CUDA_MMVQ_TSPLIT (read at every call, as MI_CUDA_MMVQ): block-kernel launches with one warp a
-// row (4 rows a block) of at most this many blocks an SM split their activation rows over warps
-// (mi_mmvq_tsplit_kernel, groups of an even number of rows; same bits); 0 = never; unset or empty =
-// MI_MMVQ_TSPLIT_PER_SM. -1 when malformed.
-constexpr int MI_MMVQ_TSPLIT_PER_SM = 8;
-static int64_t mi_mmvq_tsplit_per_sm() {
-    const char *ev = getenv("MI_CUDA_MMVQ_TSPLIT");
-    if (!ev || !*ev) return MI_MMVQ_TSPLIT_PER_SM;
-    char *end = nullptr;
-    const long long v = strtoll(ev, &end, 10);
-    if (*end || v < 0 || ev[0] < '0' || ev[0] > '9') return -1;
-    return v > (1LL << 30) ? (1LL << 30) : (int64_t)v;
-}
-static int mi_sm_count() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
-            cudaGetLastError();
-            v = 132; // H100 / H200; only shapes the choice
-        }
-        return v;
-    }();
-    return n;
-}
-static uint64_t mi_mmvq_tsplit_count = 0; // split launches so far (mi_cuda_mmvq_tsplit_launches)
-extern "C" uint64_t mi_cuda_mmvq_tsplit_launches(void) { return __atomic_load_n(&mi_mmvq_tsplit_count, __ATOMIC_RELAXED); }
-
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     const int mode = mi_mmvq_mode(); // modes 0 and 3 run rows of <= 128 chunks on the block kernel
     return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
@@ -132,16 +104,8 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     const int mode = mi_mmvq_mode();
     if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2 or 3", getenv("MI_CUDA_MMVQ"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows);
-    const int64_t per_sm = mi_mmvq_tsplit_per_sm();
-    if (per_sm < 0)
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_TSPLIT=%s: want blocks an SM (0: off)", getenv("MI_CUDA_MMVQ_TSPLIT"));
-    const bool quant = w->type != MI_TYPE_F32 && w->type != MI_TYPE_F16;
-    a.tsplit = quant && !a.warp && a.rpb == 4 && !out->any_rope && !out->yq &&
-               (w->n_rows + 3) / 4 <= per_sm * mi_sm_count();
-    return mi_mmvq_groups(a, xq, xf, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
-        if (ga.tsplit && g % 2 == 0) __atomic_fetch_add(&mi_mmvq_tsplit_count, 1, __ATOMIC_RELAXED);
-        return mi_launch_type(w->type, w_up != nullptr, g, ga, s);
-    });
+    return mi_mmvq_groups(a, xq, xf, ldx, nt, out,
+                          [&](int g, const mi_mmvq_args &ga) { return mi_launch_type(w->type, w_up != nullptr, g, ga, s); });
 }
 
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
@@ -180,7 +144,6 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
     a.accumulate = accumulate;
     a.rpb = mi_rows_per_block(w0->n_cols / 32);
     a.warp = 0;
-    a.tsplit = 0;
     return mi_mmvq_groups(a, xq, nullptr, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
         const cudaError_t e = mi_mmvq_mixed_launch(w0->type, w1->type, g, ga, w1->data, w1->row_bytes, (int)w1->n_rows, s);
         return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (mixed): %s", cudaGetErrorString(e));

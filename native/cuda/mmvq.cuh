@@ -58,8 +58,7 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
 
 // One launch's arguments (host side): w0/w1 [n_rows][row_bytes] device weights (w1: SwiGLU up or
 // NULL), xq [nt][ldx/32] q8a or xf [nt][ldx] f32 activations, rpb rows per 128-thread block,
-// warp = warps per row for the warp kernel (0: block kernel), tsplit != 0: groups of an even
-// number of rows take mi_mmvq_tsplit_kernel where the block kernel has one warp a row (same bits).
+// warp = warps per row for the warp kernel (0: block kernel).
 struct mi_mmvq_args {
     const uint8_t *w0, *w1;
     int64_t row_bytes;
@@ -68,7 +67,7 @@ struct mi_mmvq_args {
     const float *xf;
     int64_t ldx;
     mi_mmvq_out os;
-    int accumulate, rpb, warp, tsplit;
+    int accumulate, rpb, warp;
 };
 template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s);
 // Mixed launches (mmvq_mixed.cu): whether the pair (t0, t1) is compiled, and the launch of one group

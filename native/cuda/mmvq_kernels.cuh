@@ -387,67 +387,6 @@ __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * (MI_MMVQ_WARPS / wpr), MI_MMVQ_WARPS / wpr);
 }
 
-// Activation rows split over warps (MI_CUDA_MMVQ_TSPLIT): a launch of the block kernel with one warp
-// a row (rows of <= 64 chunks, 4 rows a block) that leaves the SMs few warps, e.g. the 1.5B's o at a
-// verify batch (384 blocks, ~12 warps an SM, each lane chaining 2 chunks x 8 activation rows), runs
-// with S warps a row instead, warp w of a row taking the activation rows t = w % S, + S, ... (S = 4
-// for NT = 4, 8; 2 for NT = 2, 6). Each warp still runs lane l over chunks l, l + 32, ... in order,
-// then the butterfly, and the epilogue of mi_epilogue (early residual and bias loads): for every
-// (row, t) the block kernel's order and operations, so the same bits. The S warps read the same
-// weight row (L1 serves the repeats) and each lane's chain of dependent work is S times shorter.
-template <int T, int NT, bool GLU, int S>
-__global__ void __launch_bounds__(MI_MMVQ_THREADS)
-    mi_mmvq_tsplit_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes,
-                          int n_rows, int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb,
-                          const mi_mmvq_out os, int accumulate) {
-    static_assert(NT % S == 0 && MI_MMVQ_THREADS / 32 % S == 0, "whole activation rows a warp, whole rows a block");
-    constexpr int RPB = MI_MMVQ_THREADS / 32 / S, NW = NT / S, CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int r = blockIdx.x * RPB + warp / S, t0 = warp % S;
-    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, blockIdx.x * RPB, RPB, n_rows, os);
-    const bool active = lane == 0 && r < n_rows;
-    const mi_out_row o = mi_out_row_of(os, r);
-    float old[NW], b = 0.0f; // mi_epilogue_load's early reads, for this warp's activation rows
-#pragma unroll
-    for (int i = 0; i < NW; i++) old[i] = 0.0f;
-    if (active) {
-        if (o.bias) b = o.bias[o.r];
-        if (accumulate)
-#pragma unroll
-            for (int i = 0; i < NW; i++) old[i] = o.y[(t0 + S * i) * o.ldy + o.r];
-    }
-    float acc[NW], acc1[NW];
-#pragma unroll
-    for (int i = 0; i < NW; i++) acc[i] = acc1[i] = 0.0f;
-    if (r < n_rows) {
-        const uint8_t *row0 = w0 + (int64_t)r * row_bytes;
-        const uint8_t *row1 = GLU ? w1 + (int64_t)r * row_bytes : nullptr;
-        const mi_block_q8a *xw = xq + t0 * ldxb; // this warp's first activation row; its rows S apart
-#pragma unroll 2
-        for (int c = lane; c < nchunks; c += 32) {
-            mi_chunk ch;
-            mi_qt<T>::load(row0 + (int64_t)(c / CPB) * BB, c % CPB, ch);
-            mi_chunk_dot<T, NW>(ch, c, xw, ldxb * S, acc);
-            if (GLU) {
-                mi_qt<T>::load(row1 + (int64_t)(c / CPB) * BB, c % CPB, ch);
-                mi_chunk_dot<T, NW>(ch, c, xw, ldxb * S, acc1);
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < NW; i++) {
-        acc[i] = mi_warp_sum(acc[i]);
-        if (GLU) acc1[i] = mi_warp_sum(acc1[i]);
-    }
-    if (active)
-#pragma unroll
-        for (int i = 0; i < NW; i++) { // mi_epilogue for activation row t0 + S i
-            float v = GLU ? mi_silu_mul(acc[i], acc1[i]) : acc[i];
-            if (o.bias) v = __fadd_rn(v, b);
-            o.y[(t0 + S * i) * o.ldy + o.r] = accumulate ? __fadd_rn(old[i], v) : v;
-        }
-}
-
 // Chunks in flight per lane: more for few activation rows, fewer where NT (and GLU) cost registers.
 template <int NT, bool GLU> constexpr int mi_mmvq_unroll() {
     return NT <= 2 ? (GLU ? 2 : 4) : NT <= 4 ? (GLU ? 1 : 2) : 1;
@@ -493,24 +432,16 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 
 template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args &a, cudaStream_t s) {
     const int grid = (a.n_rows + a.rpb - 1) / a.rpb;
-    if constexpr (T == MI_TYPE_F32 || T == MI_TYPE_F16) {
+    if constexpr (T == MI_TYPE_F32 || T == MI_TYPE_F16)
         return mi_launch(mi_mmv_f_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols, a.xf, a.ldx, a.os, a.accumulate, a.rpb);
-    } else {
-        if constexpr (NT % 2 == 0)
-            if (a.tsplit) { // mi_cuda_mmvq_seg checked: block kernel, 4 rows a block, no fused RoPE or yq
-                constexpr int S = NT % 4 == 0 ? 4 : 2, RPB = MI_MMVQ_THREADS / 32 / S;
-                return mi_launch(mi_mmvq_tsplit_kernel<T, NT, GLU, S>, (a.n_rows + RPB - 1) / RPB, MI_MMVQ_THREADS, s,
-                                 a.w0, a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate);
-            }
-        if (a.warp)
-            return mi_launch(mi_mmvq_warp_kernel<T, NT, GLU, mi_mmvq_unroll<NT, GLU>()>,
-                             (a.n_rows + MI_MMVQ_WARPS / a.warp - 1) / (MI_MMVQ_WARPS / a.warp), MI_MMVQ_WARPS * 32, s,
-                             a.w0, a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate,
-                             a.warp);
+    else if (a.warp)
+        return mi_launch(mi_mmvq_warp_kernel<T, NT, GLU, mi_mmvq_unroll<NT, GLU>()>,
+                         (a.n_rows + MI_MMVQ_WARPS / a.warp - 1) / (MI_MMVQ_WARPS / a.warp), MI_MMVQ_WARPS * 32, s, a.w0,
+                         a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.warp);
+    else
         return mi_launch(mi_mmvq_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-    }
 }
 
 template <int T, bool GLU> cudaError_t mi_launch_nt(int nt, const mi_mmvq_args &a, cudaStream_t s) {
