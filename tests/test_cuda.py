@@ -749,7 +749,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
-                                     ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256")])
+                                     ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256"),
+                                     ("MI_CUDA_MMQ_FILL", "2"), ("MI_CUDA_MMQ_FILL", "on")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

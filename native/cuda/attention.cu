@@ -157,6 +157,30 @@ __device__ __forceinline__ void mi_attn_prefetch(const __half *kc, const __half 
     }
 }
 
+// The decode kernels' common prologue for the block of row t, KV split s and KV head g: the
+// split's slots [k0, k1) and the row's split count n_used (mi_attn_split_size over tiles of `tile`
+// slots), its K/V rows hinted into L2 before the PDL wait (older slots are constants by then; slot
+// pos[t] may still be in flight), then the wait. pos was copied in before the forward's first
+// kernel, which every kernel of the chain (transitively) started after: readable before the wait.
+// Returns false, after the wait (every block must wait: common.cuh), where the whole block has
+// nothing to do: a row left to the other attention call (pos[t] outside [lo, hi)) or a split past
+// n_used (the same for all its threads).
+template <int HD>
+__device__ __forceinline__ bool mi_attn_split_begin(const __half *kc, const __half *vc, const int32_t *pos, int t,
+                                                    int s, int g, int kvd, int tile, int max_splits, int lo, int hi,
+                                                    int nthreads, int &k0, int &k1, int &n_used) {
+    const int n_kv = pos[t] + 1;
+    const bool mine = pos[t] >= lo && pos[t] < hi;
+    int S;
+    mi_attn_split_size(n_kv, tile, max_splits, S, n_used);
+    k0 = s * S;
+    k1 = min(n_kv, k0 + S);
+    if (mine && s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, nthreads);
+    mi_pdl_wait();
+    mi_pdl_trigger();
+    return mine && s < n_used;
+}
+
 // Merge the n_used split partials [M, L, acc[HD]] of query head h, row t (one warp) into att and
 // its q8a blocks: lane i holds splits i and i + 32 (n_used <= 64) for the max and the denominator;
 // the output dims are 32c + lane (c < DPL), one q8a block per c.
@@ -209,18 +233,8 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
     const int gg = threadIdx.x / MI_ATTN_THREADS, h = h0 + gg; // this thread's query head
     const int kvd = n_head_kv * HD;
     const int warp = threadIdx.x / 32 % MI_ATTN_WARPS, lane = threadIdx.x % 32;
-    // pos was copied in before the forward's first kernel, which every kernel of the chain
-    // (transitively) started after: readable before the wait.
-    const int n_kv = pos[t] + 1;
-    const bool mine = pos[t] >= lo && pos[t] < hi; // rows of the other attention kernel: skip
-    int S, n_used;
-    mi_attn_split_size(n_kv, TILE, max_splits, S, n_used);
-    const int k0 = s * S, k1 = min(n_kv, k0 + S);
-    // prefetch this split's K/V rows of head g (hints; slot pos[t] may still be in flight)
-    if (mine && s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, NTH);
-    mi_pdl_wait();
-    mi_pdl_trigger();
-    if (!mine || s >= n_used) return; // the whole block: n_used is the same for all its threads
+    int k0, k1, n_used;
+    if (!mi_attn_split_begin<HD>(kc, vc, pos, t, s, g, kvd, TILE, max_splits, lo, hi, NTH, k0, k1, n_used)) return;
     float qr[DPL], acc[DPL], m = -INFINITY, l = 0.0f;
     const float *qh = q + ((int64_t)t * n_head + h) * HD + lane * DPL;
 #pragma unroll
@@ -504,15 +518,8 @@ __global__ void __launch_bounds__(NW * 32)
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int G = n_head / n_head_kv, h0 = g * G, kvd = n_head_kv * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-    const int n_kv = pos[t] + 1; // readable before the wait (mi_attn_kernel)
-    const bool mine = pos[t] >= lo && pos[t] < hi;
-    int S, n_used;
-    mi_attn_split_size(n_kv, TILE, max_splits, S, n_used);
-    const int k0 = s * S, k1 = min(n_kv, k0 + S);
-    if (mine && s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, NTH);
-    mi_pdl_wait();
-    mi_pdl_trigger();
-    if (!mine || s >= n_used) return;
+    int k0, k1, n_used;
+    if (!mi_attn_split_begin<HD>(kc, vc, pos, t, s, g, kvd, TILE, max_splits, lo, hi, NTH, k0, k1, n_used)) return;
     // Q's A fragments: rows gid / gid + 8 are query heads h0 + row (zero beyond G).
     uint32_t qa[KS][4], ql[KS][4];
     {

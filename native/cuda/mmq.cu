@@ -434,12 +434,6 @@ int mi_mmq_auto_splits(int64_t tiles, int ksteps, int n_sm, bool fill) {
     return best;
 }
 
-// MI_CUDA_MMQ_FILL: 0 = the old split rule (A/B timing); anything else or unset = the cost model.
-bool mi_mmq_fill() {
-    const char *e = getenv("MI_CUDA_MMQ_FILL");
-    return !(e && strcmp(e, "0") == 0);
-}
-
 // MI_CUDA_MMQ_SPLITS: > 0 forces that many K splits (tests), else 0 (automatic).
 int mi_mmq_forced_splits() {
     const char *e = getenv("MI_CUDA_MMQ_SPLITS");
@@ -530,6 +524,19 @@ int mi_cuda_mmq_bn(int *out) {
     return MI_OK;
 }
 
+// MI_CUDA_MMQ_FILL: 0 = the old split rule (A/B timing), 1 = the time estimate (mi_mmq_auto_splits);
+// unset or empty: 1. Read at every call; anything else is refused (MI_ERR_ARG), also at context creation.
+int mi_cuda_mmq_fill(int *out) {
+    const char *e = getenv("MI_CUDA_MMQ_FILL");
+    if (!e || !*e) {
+        *out = 1;
+        return MI_OK;
+    }
+    if (strcmp(e, "0") && strcmp(e, "1")) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMQ_FILL must be 0 or 1, got '%s'", e);
+    *out = e[0] - '0';
+    return MI_OK;
+}
+
 static uint64_t mi_mmq_wide_count = 0; // wide launches so far (mi_cuda_mmq_wide_launches)
 extern "C" uint64_t mi_cuda_mmq_wide_launches(void) { return __atomic_load_n(&mi_mmq_wide_count, __ATOMIC_RELAXED); }
 
@@ -575,9 +582,10 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
                 int accumulate, float *scratch, size_t scratch_floats, __half *xh, size_t xh_halves, int x_ready,
                 int *xh_holds_x, cudaStream_t s) {
     if (xh_holds_x) *xh_holds_x = 0;
-    int stages = 0, bn = 0;
+    int stages = 0, bn = 0, fill = 0;
     if (const int rc = mi_cuda_mmq_stages(&stages)) return rc;
     if (const int rc = mi_cuda_mmq_bn(&bn)) return rc;
+    if (const int rc = mi_cuda_mmq_fill(&fill)) return rc;
     const mi_mmq_fn kernel = stages == 2 ? mi_mmq_kernel_stages<2>(w->type) : mi_mmq_kernel_stages<1>(w->type);
     if (!kernel) return mi_set_error(MI_ERR_TYPE, "CUDA mmq: unsupported type %d", w->type);
     if (w->n_cols % 32 || w->n_cols <= 0 || w->n_rows <= 0 || (w->n_rows + BM - 1) / BM > 65535 || nt < 1 ||
@@ -596,7 +604,7 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
     // K splits (mi_mmq_auto_splits), each at least MI_MMQ_MIN_KSTEPS steps; never more than the
     // scratch holds.
     const int n_sm = mi_mmq_sm_count(), forced = mi_mmq_forced_splits();
-    const int splits_auto = mi_mmq_auto_splits(tiles, ksteps, n_sm, mi_mmq_fill());
+    const int splits_auto = mi_mmq_auto_splits(tiles, ksteps, n_sm, fill != 0);
     int splits = forced ? forced : splits_auto;
     if (splits > MI_MMQ_MAX_SPLIT) splits = MI_MMQ_MAX_SPLIT;
     if (splits > ksteps) splits = ksteps;

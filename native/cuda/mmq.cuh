@@ -95,4 +95,8 @@ size_t mi_cuda_mmq_xh_halves(int64_t n_cols, int max_nt);
 // else by the device: 128 where two 72 KB blocks fit an SM): *out = 64 or 128; MI_ERR_ARG for
 // another value of the variable.
 int mi_cuda_mmq_bn(int *out);
+
+// K-split rule the GEMM takes now (MI_CUDA_MMQ_FILL): *out = 1 (the time estimate, default) or 0
+// (the old rule); MI_ERR_ARG for another value of the variable (checked at context creation too).
+int mi_cuda_mmq_fill(int *out);
 #endif
