@@ -510,31 +510,33 @@ int mi_mmq_default_bn() {
 
 } // namespace
 
-// MI_CUDA_MMQ_BN: 64 (mi_mmq_kernel) or 128 (mi_mmq_wide_kernel, for calls of more than 64 rows
-// given f16 scratch); unset or empty: by the device (mi_mmq_default_bn). Read at every call;
-// anything else is refused (MI_ERR_ARG), also at context creation.
-int mi_cuda_mmq_bn(int *out) {
-    const char *e = getenv("MI_CUDA_MMQ_BN");
+// *out = environment variable `name` as an integer where it is one of the decimal strings a or b,
+// dflt where it is unset or empty; anything else is refused (MI_ERR_ARG, naming the variable).
+// The GEMM's tuning switches below are read at every call (the GEMM path is never graphed) and
+// checked at context creation too, so a forward does not fail half-way.
+static int mi_mmq_env_choice(const char *name, const char *a, const char *b, int dflt, int *out) {
+    const char *e = getenv(name);
     if (!e || !*e) {
-        *out = mi_mmq_default_bn();
+        *out = dflt;
         return MI_OK;
     }
-    if (strcmp(e, "64") && strcmp(e, "128")) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMQ_BN must be 64 or 128, got '%s'", e);
+    if (strcmp(e, a) && strcmp(e, b)) return mi_set_error(MI_ERR_ARG, "%s must be %s or %s, got '%s'", name, a, b, e);
     *out = atoi(e);
     return MI_OK;
 }
 
+// MI_CUDA_MMQ_BN: 64 (mi_mmq_kernel) or 128 (mi_mmq_wide_kernel, for calls of more than 64 rows
+// given f16 scratch); unset or empty: by the device (mi_mmq_default_bn).
+int mi_cuda_mmq_bn(int *out) { return mi_mmq_env_choice("MI_CUDA_MMQ_BN", "64", "128", mi_mmq_default_bn(), out); }
+
 // MI_CUDA_MMQ_FILL: 0 = the old split rule (A/B timing), 1 = the time estimate (mi_mmq_auto_splits);
-// unset or empty: 1. Read at every call; anything else is refused (MI_ERR_ARG), also at context creation.
-int mi_cuda_mmq_fill(int *out) {
-    const char *e = getenv("MI_CUDA_MMQ_FILL");
-    if (!e || !*e) {
-        *out = 1;
-        return MI_OK;
-    }
-    if (strcmp(e, "0") && strcmp(e, "1")) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMQ_FILL must be 0 or 1, got '%s'", e);
-    *out = e[0] - '0';
-    return MI_OK;
+// unset or empty: 1.
+int mi_cuda_mmq_fill(int *out) { return mi_mmq_env_choice("MI_CUDA_MMQ_FILL", "0", "1", 1, out); }
+
+// MI_CUDA_MMQ_STAGES: 1 or 2 shared-memory buffers (mi_mmq_kernel); unset or empty: by the device
+// (mi_mmq_default_stages).
+int mi_cuda_mmq_stages(int *out) {
+    return mi_mmq_env_choice("MI_CUDA_MMQ_STAGES", "1", "2", mi_mmq_default_stages(), out);
 }
 
 static uint64_t mi_mmq_wide_count = 0; // wide launches so far (mi_cuda_mmq_wide_launches)
@@ -543,24 +545,6 @@ extern "C" uint64_t mi_cuda_mmq_wide_launches(void) { return __atomic_load_n(&mi
 size_t mi_cuda_mmq_xh_halves(int64_t n_cols, int max_nt) {
     return max_nt > MI_MMQ_BN ? (size_t)max_nt * (size_t)((n_cols + BK - 1) / BK * BK) : 0;
 }
-
-// MI_CUDA_MMQ_STAGES: 1 or 2 shared-memory buffers (mi_mmq_kernel); unset or empty: by the device
-// (mi_mmq_default_stages). Read at every call (the GEMM path is never graphed); anything else is
-// refused (MI_ERR_ARG), also at context creation (mmq.cuh).
-int mi_cuda_mmq_stages(int *out) {
-    const char *e = getenv("MI_CUDA_MMQ_STAGES");
-    if (!e || !*e) {
-        *out = mi_mmq_default_stages();
-        return MI_OK;
-    }
-    if (strcmp(e, "1") && strcmp(e, "2")) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMQ_STAGES must be 1 or 2, got '%s'", e);
-    *out = e[0] - '0';
-    return MI_OK;
-}
-
-namespace {
-
-} // namespace
 
 size_t mi_cuda_mmq_scratch_floats(int64_t n_rows, int max_nt) {
     // The largest split count x nt x n_rows over every nt <= max_nt, both tile widths and both split
