@@ -138,6 +138,14 @@ __device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int c, const mi
     }
 }
 
+template <int T, int NT>
+__device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi_block_q8a *xq, int64_t ldxb,
+                                             float *acc) {
+    mi_chunk ch;
+    mi_qt<T>::load(row + (int64_t)(c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch);
+    mi_chunk_dot<T, NT>(ch, c, xq, ldxb, acc);  // one chunk formula for every kernel (bitwise rows)
+}
+
 // Sum acc[NT] over the tpr threads of each row; the row's thread j == 0 gets the result.
 template <int NT>
 __device__ __forceinline__ void mi_row_reduce(float *acc, int tpr, float (*sh)[NT]) {
@@ -239,16 +247,6 @@ __device__ __forceinline__ void mi_group_quant(const mi_mmvq_out &os, int r0, in
         if (warp + k * W < NT) mi_quant_chunk_warp(v[k], os.yq + (warp + k * W) * os.ldq + g, lane);
 }
 
-// Chunks in flight per thread: more for few activation rows, fewer where NT (and GLU) cost
-// registers; the block kernel's rows are shorter per thread (tpr 32..128 threads a row), so it
-// takes at most 2. Only scheduling: a thread's chunks are summed in the same order whatever U.
-template <int NT, bool GLU> __host__ __device__ constexpr int mi_mmvq_unroll() {
-    return NT <= 2 ? (GLU ? 2 : 4) : NT <= 4 ? (GLU ? 1 : 2) : 1;
-}
-template <int NT, bool GLU> __host__ __device__ constexpr int mi_mmvq_block_unroll() {
-    return NT <= 2 ? 2 : NT <= 4 ? (GLU ? 1 : 2) : 1;
-}
-
 // The block kernel's body for the block's virtual rows blockIdx.x * rpb + [0, rpb) below n_rows:
 // virtual row r is matrix row mi_act_row(os, r) - row_off of w0 (w1). row_off != 0: the second,
 // differently typed part of a mixed q/k/v launch (mi_mmvq_mixed_kernel), whose rows follow the
@@ -272,30 +270,11 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
     if (r < n_rows) {
         const uint8_t *row0 = w0 + (int64_t)(ra - row_off) * row_bytes;
         const uint8_t *row1 = GLU ? w1 + (int64_t)(ra - row_off) * row_bytes : nullptr;
-        // U chunks (of each matrix) loaded before any is used, so that their loads are in flight
-        // together: left to `#pragma unroll`, the weight loads of a step waited for the step
-        // before's dot products (the 7B's gate/up read at ~2.3 TB/s where the same loads alone run
-        // at ~3.3: bench/read_probe.cu). Order of every sum unchanged.
-        constexpr int U = mi_mmvq_block_unroll<NT, GLU>(), CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
+        // Two chunks per step so their loads are in flight together (order of the sum unchanged).
 #pragma unroll 2
-        for (int c0 = j; c0 < nchunks; c0 += tpr * U) {
-            mi_chunk ch[U], ch1[GLU ? U : 1];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int c = c0 + tpr * u;
-                if (c < nchunks) {
-                    mi_qt<T>::load(row0 + (int64_t)(c / CPB) * BB, c % CPB, ch[u]);
-                    if (GLU) mi_qt<T>::load(row1 + (int64_t)(c / CPB) * BB, c % CPB, ch1[GLU ? u : 0]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int c = c0 + tpr * u;
-                if (c < nchunks) {
-                    mi_chunk_dot<T, NT>(ch[u], c, xq, ldxb, acc);
-                    if (GLU) mi_chunk_dot<T, NT>(ch1[GLU ? u : 0], c, xq, ldxb, acc1);
-                }
-            }
+        for (int c = j; c < nchunks; c += tpr) {
+            mi_row_chunk<T, NT>(row0, c, xq, ldxb, acc);
+            if (GLU) mi_row_chunk<T, NT>(row1, c, xq, ldxb, acc1);
         }
     }
     mi_row_reduce<NT>(acc, tpr, sh[0]);
@@ -406,6 +385,11 @@ __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
     }
     if (j == 0 && r < n_rows) mi_epilogue<NT>(acc, acc1, GLU, r, os, accumulate, in);
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * (MI_MMVQ_WARPS / wpr), MI_MMVQ_WARPS / wpr);
+}
+
+// Chunks in flight per lane: more for few activation rows, fewer where NT (and GLU) cost registers.
+template <int NT, bool GLU> constexpr int mi_mmvq_unroll() {
+    return NT <= 2 ? (GLU ? 2 : 4) : NT <= 4 ? (GLU ? 1 : 2) : 1;
 }
 
 // F32 / F16 weights times f32 activations (tied f16 embeddings as the LM head, tiny models).
