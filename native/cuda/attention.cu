@@ -186,7 +186,7 @@ __device__ __forceinline__ bool mi_attn_split_begin(const __half *kc, const __ha
 // the output dims are 32c + lane (c < DPL), one q8a block per c.
 template <int DPL, int UNR = 8> // UNR: splits' partial loads in flight per lane
 __device__ __forceinline__ void mi_attn_merge(const float *__restrict__ part, int t, int h, int n_head, int n_used,
-                                              float *__restrict__ att, mi_block_q8g *__restrict__ xq, int lane) {
+                                              float *__restrict__ att, mi_block_q8a *__restrict__ xq, int lane) {
     constexpr int HD = DPL * 32;
     const int qd = n_head * HD;
     const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
     mi_attn_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                    const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
                    float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                   mi_block_q8g *__restrict__ xq, int lo, int hi) {
+                   mi_block_q8a *__restrict__ xq, int lo, int hi) {
     constexpr int HD = DPL * 32, U = mi_attn_unroll<DPL>(), TILE = MI_ATTN_WARPS * U, NTH = G * MI_ATTN_THREADS;
     const int x = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int g = G > 1 ? x : x / (n_head / n_head_kv), h0 = G > 1 ? x * G : x;
@@ -513,7 +513,7 @@ __global__ void __launch_bounds__(NW * 32)
     mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                        const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
                        float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                       mi_block_q8g *__restrict__ xq, int lo, int hi, int combine_from) {
+                       mi_block_q8a *__restrict__ xq, int lo, int hi, int combine_from) {
     constexpr int HD = DPL * 32, KS = HD / 16, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, NTH = NW * 32;
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int G = n_head / n_head_kv, h0 = g * G, kvd = n_head_kv * HD;
@@ -664,7 +664,7 @@ __global__ void __launch_bounds__(NW * 32)
 template <int HD>
 __global__ void __launch_bounds__(4 * HD)
     mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head, int tile,
-                           int max_splits, int combine_from, float *__restrict__ att, mi_block_q8g *__restrict__ xq,
+                           int max_splits, int combine_from, float *__restrict__ att, mi_block_q8a *__restrict__ xq,
                            int lo, int hi) {
     constexpr int Q = 4, SPQ = MI_ATTN_SPLITS / Q;
     const int h = blockIdx.x, t = blockIdx.y, q = threadIdx.x / HD, dd = threadIdx.x % HD;
@@ -727,7 +727,7 @@ struct mi_attn_args {
     float *part;
     int32_t *cnt;
     float *att;
-    mi_block_q8g *xq;
+    mi_block_q8a *xq;
 };
 
 template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cudaStream_t s) {
@@ -794,7 +794,7 @@ bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd) {
 
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
-                      int combine_from, float *part, int32_t *cnt, float *att, mi_block_q8g *xq, cudaStream_t s) {
+                      int combine_from, float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s) {
     if (n_head_kv < 1 || n_head % n_head_kv)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
     if (hd % 32 || hd < 32 || hd > 256)

@@ -29,7 +29,7 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 // when the launch fails. Algorithm: flash-decoding (split-KV online softmax, attention.cu).
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
-                      int combine_from, float *part, int32_t *cnt, float *att, mi_block_q8g *xq, cudaStream_t s);
+                      int combine_from, float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s);
 // Prefill attention (forwards of many rows, usually consecutive positions): att [nt][n_head*hd] f32 =
 // softmax(q k^T * scale) v per head, row t over slots 0..pos[t], as mi_cuda_attention computes but
 // with one tensor-core block per 16 rows and query head (attention.cu, mi_attn_prefill_kernel):

@@ -58,26 +58,13 @@ __device__ __forceinline__ uint32_t mi_ld_a2(const uint8_t *p) {
 __device__ __forceinline__ uint32_t mi_ld_a4(const uint8_t *p) { return *(const uint32_t *)p; }
 __device__ __forceinline__ float mi_ld_f16(const uint8_t *p) { return __half2float(*(const __half *)p); }
 
-// The GPU's activation block: mi_quants.h's q8a block (the same values from the same quantization)
-// with qs first and padded to 48 bytes, so that qs is 16-byte aligned and a mat-vec reads a block
-// in three loads (two 16-byte, one 8-byte) instead of six: the 7B shape's mat-vecs issue an
-// instruction on two thirds of the cycles (docs/perf.md, session 13), and these loads repeat per
-// activation row. GPU-private: no activation block crosses between the host and the device.
-// byte layout: qs[0..31] int8 | d f32 @32 | s f32 @36 | 8 bytes padding @40
-struct __align__(16) mi_block_q8g {
-    int8_t qs[32];
-    float d, s;
-    float pad[2];
-};
-static_assert(sizeof(mi_block_q8g) == 48, "mi_block_q8g is 48 bytes");
-
 // One warp quantizes 32 activations (one per lane) to a q8a block exactly as mi_quantize_q8a:
 // d = amax/127, q = round(x/d), s = d*sum(q). Correctly rounded division/reciprocal keep it
 // bitwise equal to the CPU's quantization of the same floats. On sm_80+ the max and the sum are
 // one warp-reduce instruction each instead of five shuffles: a max of non-negative floats is the
 // max of their bit patterns, and an integer sum has no order (exact, so the same bits; only a NaN
 // input differs: it then wins the max instead of being skipped, and the block is NaN either way).
-__device__ __forceinline__ void mi_quant_chunk_warp(float v, mi_block_q8g *out, int lane) {
+__device__ __forceinline__ void mi_quant_chunk_warp(float v, mi_block_q8a *out, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const float amax = __uint_as_float(__reduce_max_sync(MI_FULL_MASK, __float_as_uint(fabsf(v))));
 #else

@@ -66,8 +66,8 @@ struct mi_cuda_ctx {
     __half *kv_k, *kv_v;   // [n_layer][n_ctx][n_head_kv*head_dim] f16
     float *x;              // [max_nt][n_embd] residual stream
     float *xn;             // [max_nt][max(n_embd, q_dim, n_ff)] normed f32 input (F32/F16 weights read it)
-    mi_block_q8g *xq;      // [max_nt][max(n_embd, q_dim, n_ff)/32] quantized matmul input
-    mi_block_q8g *xq_ff;   // [max_nt][n_ff/32] quantized ffn_down input (written while xq is read)
+    mi_block_q8a *xq;      // [max_nt][max(n_embd, q_dim, n_ff)/32] quantized matmul input
+    mi_block_q8a *xq_ff;   // [max_nt][n_ff/32] quantized ffn_down input (written while xq is read)
     int32_t *attn_cnt;     // [max_nt][n_head] attention split counters (kept zero between launches)
     int32_t *ff_cnt;       // [n_ff/32] SwiGLU 32-row group counters (kept zero between launches)
     // MI_CUDA_FUSE=1: the SwiGLU launch also quantizes its output (last block per 32 rows) instead
@@ -247,7 +247,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
     // the GEMM before reports that mmq_xh holds it.
     const float *xh_of = nullptr; // the f32 input mmq_xh holds in f16 now (this forward), or NULL
     int64_t xh_cols = 0;
-    auto mm = [&](const mi_dtensor *w, const mi_block_q8g *xq, const float *xf, int64_t ldx, int rows_in, float *y,
+    auto mm = [&](const mi_dtensor *w, const mi_block_q8a *xq, const float *xf, int64_t ldx, int rows_in, float *y,
                   int64_t ldy, const float *bias, int acc, bool same_x = false) -> int {
         if (gemm && mi_cuda_mmq_applies(w->type, w->n_cols, rows_in)) {
             const int ready = same_x && xh_of == xf && xh_cols == w->n_cols;
@@ -642,7 +642,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         kv_bytes, kv_bytes,
         (size_t)max_nt * E * 4,                                    // x
         (size_t)max_nt * widest * 4,                               // xn
-        (size_t)max_nt * (widest / 32) * sizeof(mi_block_q8g),     // xq
+        (size_t)max_nt * (widest / 32) * sizeof(mi_block_q8a),     // xq
         (size_t)max_nt * QD * 4, (size_t)max_nt * KD * 4, (size_t)max_nt * KD * 4, // q k v
         (size_t)max_nt * QD * 4,                                   // att
         (size_t)max_nt * F * 4,                                    // ff
@@ -651,7 +651,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         mi_attn_part_floats(c->part_rows, d->n_head, d->head_dim) * 4, // part
         (size_t)max_nt * d->n_vocab * 4,                           // logits
         ((size_t)4 * max_nt + 1) * 4,                              // ints
-        (size_t)max_nt * (F / 32) * sizeof(mi_block_q8g),          // xq_ff
+        (size_t)max_nt * (F / 32) * sizeof(mi_block_q8a),          // xq_ff
         (size_t)max_nt * d->n_head * 4,                            // attn_cnt
         (size_t)(F / 32 + 1) * 4,                                  // ff_cnt
         mmq_floats * 4,                                            // mmq_scratch
@@ -676,11 +676,11 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         off += mi_align(sizes[i]);
     }
     c->kv_k = (__half *)ptrs[0]; c->kv_v = (__half *)ptrs[1]; c->x = (float *)ptrs[2]; c->xn = (float *)ptrs[3];
-    c->xq = (mi_block_q8g *)ptrs[4]; c->q = (float *)ptrs[5]; c->k = (float *)ptrs[6]; c->v = (float *)ptrs[7];
+    c->xq = (mi_block_q8a *)ptrs[4]; c->q = (float *)ptrs[5]; c->k = (float *)ptrs[6]; c->v = (float *)ptrs[7];
     c->att = (float *)ptrs[8]; c->ff = (float *)ptrs[9]; c->gate = (float *)ptrs[10]; c->up = (float *)ptrs[11];
     c->rope_cs = (float *)ptrs[12]; c->part = (float *)ptrs[13]; c->logits = (float *)ptrs[14];
     c->ints = (int32_t *)ptrs[15];
-    c->xq_ff = (mi_block_q8g *)ptrs[16]; c->attn_cnt = (int32_t *)ptrs[17]; c->ff_cnt = (int32_t *)ptrs[18];
+    c->xq_ff = (mi_block_q8a *)ptrs[16]; c->attn_cnt = (int32_t *)ptrs[17]; c->ff_cnt = (int32_t *)ptrs[18];
     c->mmq_scratch = (float *)ptrs[19]; c->mmq_scratch_floats = mmq_floats;
     c->mmq_xh = (__half *)ptrs[20]; c->mmq_xh_halves = mmq_xh;
     c->amax_v = (float *)ptrs[21]; c->amax_i = (int32_t *)ptrs[22]; c->amax_cnt = (int32_t *)ptrs[23];
@@ -827,7 +827,7 @@ extern "C" int mi_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, in
     t.n_rows = n_rows;
     t.row_bytes = n_cols / mi_type_block_elems(type) * mi_type_block_bytes(type);
     const size_t wb = (size_t)mi_tensor_bytes(&ht), xb = (size_t)nt * n_cols * 4, yb = (size_t)nt * n_rows * 4;
-    const size_t qb = quant ? (size_t)nt * (n_cols / 32) * sizeof(mi_block_q8g) : 0;
+    const size_t qb = quant ? (size_t)nt * (n_cols / 32) * sizeof(mi_block_q8a) : 0;
     uint8_t *buf = nullptr;
     const size_t total = mi_align(wb) + mi_align(xb) + mi_align(yb) + mi_align(qb);
     if (cudaMalloc(&buf, total) != cudaSuccess) return mi_oom("matmul operands", total);
@@ -837,8 +837,8 @@ extern "C" int mi_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, in
         MI_CUDA_TRY(cudaMemcpy(wd, w, wb, cudaMemcpyHostToDevice));
         MI_CUDA_TRY(cudaMemcpy(xd, x, xb, cudaMemcpyHostToDevice));
         int r;
-        if (quant && (r = mi_cuda_quantize((const float *)xd, nt, (int)n_cols, (mi_block_q8g *)qd, 0))) return r;
-        if ((r = mi_cuda_mmvq(&t, nullptr, quant ? (const mi_block_q8g *)qd : nullptr, (const float *)xd, n_cols, nt,
+        if (quant && (r = mi_cuda_quantize((const float *)xd, nt, (int)n_cols, (mi_block_q8a *)qd, 0))) return r;
+        if ((r = mi_cuda_mmvq(&t, nullptr, quant ? (const mi_block_q8a *)qd : nullptr, (const float *)xd, n_cols, nt,
                               (float *)yd, n_rows, nullptr, 0, 0)))
             return r;
         MI_CUDA_TRY(cudaMemcpy(y, yd, yb, cudaMemcpyDeviceToHost));

@@ -63,7 +63,7 @@ bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
 // Run launch(g, a) for each group of g <= 8 activation rows (t0 = 0, 8, ...), a's activations and
 // outputs advanced to the group's first row: a launch streams its weights once for <= 8 rows.
 template <typename F>
-static int mi_mmvq_groups(mi_mmvq_args &a, const mi_block_q8g *xq, const float *xf, int64_t ldx, int nt,
+static int mi_mmvq_groups(mi_mmvq_args &a, const mi_block_q8a *xq, const float *xf, int64_t ldx, int nt,
                           const mi_mmvq_out *out, F launch) {
     for (int t0 = 0; t0 < nt; t0 += 8) {
         const int g = nt - t0 < 8 ? nt - t0 : 8;
@@ -83,7 +83,7 @@ static int mi_mmvq_groups(mi_mmvq_args &a, const mi_block_q8g *xq, const float *
     return MI_OK;
 }
 
-int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8g *xq, const float *xf, int64_t ldx,
+int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s) {
     if (w_up && (w_up->type != w->type || w_up->n_rows != w->n_rows || w_up->n_cols != w->n_cols))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: SwiGLU pair differs in type or shape");
@@ -108,7 +108,7 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
                           [&](int g, const mi_mmvq_args &ga) { return mi_launch_type(w->type, w_up != nullptr, g, ga, s); });
 }
 
-int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8g *xq, const float *xf, int64_t ldx,
+int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                  int nt, float *y, int64_t ldy, const float *bias, int accumulate, cudaStream_t s) {
     mi_mmvq_out o;
     memset(&o, 0, sizeof o);
@@ -128,7 +128,7 @@ bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1) {
            w0->n_rows % mi_rows_per_block(nchunks) == 0;
 }
 
-int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_block_q8g *xq, int64_t ldx, int nt,
+int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_block_q8a *xq, int64_t ldx, int nt,
                        const mi_mmvq_out *out, int accumulate, cudaStream_t s) {
     if (!mi_cuda_mmvq_mixed_applies(w0, w1))
         return mi_set_error(MI_ERR_ARG, "CUDA matmul: no mixed launch for types %d + %d here", w0->type, w1->type);

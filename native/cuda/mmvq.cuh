@@ -21,7 +21,7 @@ struct mi_mmvq_out {
     float *y[MI_MMVQ_MAX_SEG];
     int64_t ldy[MI_MMVQ_MAX_SEG];
     const float *bias[MI_MMVQ_MAX_SEG];
-    mi_block_q8g *yq;
+    mi_block_q8a *yq;
     int64_t ldq;
     int32_t *cnt;
     // RoPE and the KV-cache write fused into the q/k/v launch (any_rope != 0; block kernel with an
@@ -41,9 +41,9 @@ struct mi_mmvq_out {
 // Whether a q/k/v launch over rows of n_cols columns can take the fused RoPE epilogue (the block
 // kernel with an even number of rows per block: MI_CUDA_MMVQ 0, or 3 = the default, for rows of <= 128 chunks).
 bool mi_cuda_mmvq_can_rope(int64_t n_cols);
-int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8g *xq, const float *xf, int64_t ldx,
+int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s);
-int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8g *xq, const float *xf, int64_t ldx,
+int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                  int nt, float *y, int64_t ldy, const float *bias, int accumulate, cudaStream_t s);
 
 // q/k/v in ONE launch where they come as two groups of different types (mi_mmvq_mixed_kernel):
@@ -53,7 +53,7 @@ int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8g
 // mi_cuda_mmvq_mixed_applies: a compiled type pair (mi_mmvq_mixed_pair), and both parts would take
 // the block kernel with whole blocks of w0's rows.
 bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1);
-int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_block_q8g *xq, int64_t ldx, int nt,
+int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_block_q8a *xq, int64_t ldx, int nt,
                        const mi_mmvq_out *out, int accumulate, cudaStream_t s);
 
 // One launch's arguments (host side): w0/w1 [n_rows][row_bytes] device weights (w1: SwiGLU up or
@@ -63,7 +63,7 @@ struct mi_mmvq_args {
     const uint8_t *w0, *w1;
     int64_t row_bytes;
     int n_rows, n_cols;
-    const mi_block_q8g *xq;
+    const mi_block_q8a *xq;
     const float *xf;
     int64_t ldx;
     mi_mmvq_out os;

@@ -122,25 +122,24 @@ __device__ __forceinline__ void mi_epilogue_rope(const float *acc, int r, int ra
 }
 
 template <int T, int NT>
-__device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int c, const mi_block_q8g *xq, int64_t ldxb,
+__device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int c, const mi_block_q8a *xq, int64_t ldxb,
                                              float *acc) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        const mi_block_q8g *a = xq + t * ldxb + c;
-        const int4 *aq = (const int4 *)a->qs; // 16-byte aligned (mi_block_q8g)
-        const int4 a0 = aq[0], a1 = aq[1];
-        const float2 ds = *(const float2 *)&a->d;
-        const int s0 = __dp4a(ch.q[3], a0.w, __dp4a(ch.q[2], a0.z, __dp4a(ch.q[1], a0.y, __dp4a(ch.q[0], a0.x, 0))));
-        const int s1 = __dp4a(ch.q[7], a1.w, __dp4a(ch.q[6], a1.z, __dp4a(ch.q[5], a1.y, __dp4a(ch.q[4], a1.x, 0))));
+        const mi_block_q8a *a = xq + t * ldxb + c;
+        const int2 *aq = (const int2 *)a->qs;
+        const int2 a0 = aq[0], a1 = aq[1], a2 = aq[2], a3 = aq[3];
+        const int s0 = __dp4a(ch.q[3], a1.y, __dp4a(ch.q[2], a1.x, __dp4a(ch.q[1], a0.y, __dp4a(ch.q[0], a0.x, 0))));
+        const int s1 = __dp4a(ch.q[7], a3.y, __dp4a(ch.q[6], a3.x, __dp4a(ch.q[5], a2.y, __dp4a(ch.q[4], a2.x, 0))));
         const int isum = ch.sc0 * s0 + ch.sc1 * s1;
-        float r = __fmul_rn(__fmul_rn(ch.dw, ds.x), (float)isum);
-        if (mi_qt<T>::HAS_MIN) r = __fadd_rn(r, __fmul_rn(ch.mw, ds.y));
+        float r = __fmul_rn(__fmul_rn(ch.dw, a->d), (float)isum);
+        if (mi_qt<T>::HAS_MIN) r = __fadd_rn(r, __fmul_rn(ch.mw, a->s));
         acc[t] = __fadd_rn(acc[t], r);
     }
 }
 
 template <int T, int NT>
-__device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi_block_q8g *xq, int64_t ldxb,
+__device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi_block_q8a *xq, int64_t ldxb,
                                              float *acc) {
     mi_chunk ch;
     mi_qt<T>::load(row + (int64_t)(c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch);
@@ -255,7 +254,7 @@ __device__ __forceinline__ void mi_group_quant(const mi_mmvq_out &os, int r0, in
 template <int T, int NT, bool GLU>
 __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1,
                                               int64_t row_bytes, int row_off, int n_rows, int nchunks,
-                                              const mi_block_q8g *__restrict__ xq, int64_t ldxb, const mi_mmvq_out &os,
+                                              const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out &os,
                                               int accumulate, int rpb) {
     __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_THREADS / 32][NT];
     const int tpr = MI_MMVQ_THREADS / rpb;
@@ -290,7 +289,7 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
 template <int T, int NT, bool GLU>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
-                   int nchunks, const mi_block_q8g *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate, int rpb) {
+                   int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate, int rpb) {
     mi_mmvq_block<T, NT, GLU>(w0, w1, row_bytes, 0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
 }
 
@@ -301,7 +300,7 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 template <int T0, int T1, int NT>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_mixed_kernel(const uint8_t *__restrict__ w0, int64_t row_bytes0, int n_rows0, const uint8_t *__restrict__ w1,
-                         int64_t row_bytes1, int n_rows, int nchunks, const mi_block_q8g *__restrict__ xq, int64_t ldxb,
+                         int64_t row_bytes1, int n_rows, int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb,
                          const mi_mmvq_out os, int accumulate, int rpb) {
     if ((int)blockIdx.x * rpb < n_rows0)
         mi_mmvq_block<T0, NT, false>(w0, nullptr, row_bytes0, 0, n_rows0, nchunks, xq, ldxb, os, accumulate, rpb);
@@ -321,7 +320,7 @@ static_assert(MI_MMVQ_WARPS * 32 == MI_MMVQ_THREADS, "mi_group_quant: one block 
 template <int T, int NT, bool GLU, int U>
 __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
     mi_mmvq_warp_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes,
-                        int n_rows, int nchunks, const mi_block_q8g *__restrict__ xq, int64_t ldxb,
+                        int n_rows, int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb,
                         const mi_mmvq_out os, int accumulate, int wpr) {
     // wpr (1, 2 or 4) warps per row, a function of the row length only.
     __shared__ float sh[GLU ? 2 : 1][MI_MMVQ_WARPS][NT];

@@ -12,7 +12,7 @@ constexpr int MI_QUANT_THREADS = 256;
 __global__ void __launch_bounds__(MI_NORM_THREADS)
     mi_rmsnorm_quant_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
                             const int32_t *__restrict__ n_rows_d, const float *__restrict__ w, float eps, int n,
-                            float *__restrict__ xn, mi_block_q8g *__restrict__ xq) {
+                            float *__restrict__ xn, mi_block_q8a *__restrict__ xq) {
     // The norm weights are constants: load this lane's share before waiting on the previous kernel.
     constexpr int PRE = 4; // chunks per warp held in registers (rows up to 4 * 32 * 32 = 4096 wide)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(MI_NORM_THREADS)
 }
 
 __global__ void __launch_bounds__(MI_QUANT_THREADS)
-    mi_quantize_kernel(const float *__restrict__ x, int n, mi_block_q8g *__restrict__ xq) {
+    mi_quantize_kernel(const float *__restrict__ x, int n, mi_block_q8a *__restrict__ xq) {
     mi_pdl_wait();
     mi_pdl_trigger();
     const int t = blockIdx.y, lane = threadIdx.x % 32;
@@ -88,13 +88,13 @@ __global__ void mi_swiglu_kernel(const float *__restrict__ g, const float *__res
 } // namespace
 
 int mi_cuda_rmsnorm_quant(const float *x, const int32_t *rows, const int32_t *n_rows_d, int n_rows, const float *w,
-                          float eps, int n, float *xn, mi_block_q8g *xq, cudaStream_t s) {
+                          float eps, int n, float *xn, mi_block_q8a *xq, cudaStream_t s) {
     if (n_rows <= 0) return MI_OK;
     MI_LAUNCH("rmsnorm_quant", mi_rmsnorm_quant_kernel, n_rows, MI_NORM_THREADS, s, x, rows, n_rows_d, w, eps, n, xn, xq);
     return MI_OK;
 }
 
-int mi_cuda_quantize(const float *x, int nt, int n, mi_block_q8g *xq, cudaStream_t s) {
+int mi_cuda_quantize(const float *x, int nt, int n, mi_block_q8a *xq, cudaStream_t s) {
     const int per_block = MI_QUANT_THREADS / 32;
     MI_LAUNCH("quantize", mi_quantize_kernel, dim3((n / 32 + per_block - 1) / per_block, nt), MI_QUANT_THREADS, s, x, n, xq);
     return MI_OK;
