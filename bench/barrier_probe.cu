@@ -10,15 +10,8 @@
 #include <stdlib.h>
 #include <algorithm>
 #include <vector>
+#include "cuda_check.cuh"
 
-#define CK(x)                                                                        \
-    do {                                                                             \
-        cudaError_t e_ = (x);                                                        \
-        if (e_ != cudaSuccess) {                                                     \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                 \
-        }                                                                            \
-    } while (0)
 
 constexpr int N = 1536;
 

@@ -13,15 +13,8 @@
 #include <stdlib.h>
 #include <algorithm>
 #include <vector>
+#include "cuda_check.cuh"
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
 
 constexpr int ROWS = 18944, ROW_BYTES = 2016; // 7B ffn_gate / ffn_up, q4_K: 14 blocks of 144 bytes
 constexpr size_t MAT = (size_t)ROWS * ROW_BYTES;

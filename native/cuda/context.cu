@@ -480,8 +480,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->fuse_quant = fe && strcmp(fe, "1") == 0;
     const char *me = getenv("MI_CUDA_MMQ");
     c->no_mmq = me && strcmp(me, "0") == 0;
-    int mmq_stages = 0, mmq_bn = 0, mmq_fill = 0;
-    if (int rc = mi_cuda_mmq_stages(&mmq_stages); rc || (rc = mi_cuda_mmq_bn(&mmq_bn)) || (rc = mi_cuda_mmq_fill(&mmq_fill))) {
+    if (const int rc = mi_cuda_mmq_check_env()) {
         free(c);
         return rc;
     }

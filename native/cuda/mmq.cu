@@ -539,6 +539,12 @@ int mi_cuda_mmq_stages(int *out) {
     return mi_mmq_env_choice("MI_CUDA_MMQ_STAGES", "1", "2", mi_mmq_default_stages(), out);
 }
 
+int mi_cuda_mmq_check_env(void) {
+    int v = 0, rc;
+    if ((rc = mi_cuda_mmq_stages(&v)) || (rc = mi_cuda_mmq_bn(&v)) || (rc = mi_cuda_mmq_fill(&v))) return rc;
+    return MI_OK;
+}
+
 static uint64_t mi_mmq_wide_count = 0; // wide launches so far (mi_cuda_mmq_wide_launches)
 extern "C" uint64_t mi_cuda_mmq_wide_launches(void) { return __atomic_load_n(&mi_mmq_wide_count, __ATOMIC_RELAXED); }
 

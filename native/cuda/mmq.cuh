@@ -99,4 +99,9 @@ int mi_cuda_mmq_bn(int *out);
 // K-split rule the GEMM takes now (MI_CUDA_MMQ_FILL): *out = 1 (the time estimate, default) or 0
 // (the old rule); MI_ERR_ARG for another value of the variable (checked at context creation too).
 int mi_cuda_mmq_fill(int *out);
+
+// The GEMM's tuning variables (MI_CUDA_MMQ_STAGES, _BN, _FILL) as mi_cuda_mmq will read them:
+// MI_OK, or MI_ERR_ARG naming the first malformed one. Context creation calls it, so that a
+// forward does not fail half-way.
+int mi_cuda_mmq_check_env(void);
 #endif
