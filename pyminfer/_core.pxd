@@ -42,6 +42,7 @@ cdef extern from "pyminfer.h" nogil:
     int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
                        const float *bias, int32_t accumulate, float *y)
     uint64_t mi_cuda_mmq_wide_launches()
+    uint64_t mi_cuda_mmvq_mma_launches()
     int mi_cuda_op_attention_prefill(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *pos,
                                      int32_t nt, int32_t n_kv, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                                      float scale, float *out)

@@ -91,6 +91,12 @@ def mmq_wide_launches() -> int:
     return mi_cuda_mmq_wide_launches()
 
 
+def mmvq_mma_launches() -> int:
+    """Mat-vec launches that took the tensor-core verify kernel (native/cuda/mmvq_mma.cu,
+    MI_CUDA_MMVQ_MMA) in this process so far, graph replays not counted; 0 without CUDA. For tests."""
+    return mi_cuda_mmvq_mma_launches()
+
+
 def cuda_copy_bandwidth() -> float:
     """Device-to-device copy bandwidth of CUDA device 0 in bytes/s (read + write); raises
     RuntimeError when there is no CUDA device."""

@@ -101,6 +101,57 @@ def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
         monkeypatch.delenv("MI_CUDA_MMVQ")
 
 
+# Shapes by the nt = 1 kernel's threads a row (tpr), which the tensor-core verify kernel replays:
+# 48 chunks a row: 32 (4 rows a block); 112: 64; 280: 128; 160 chunks x >= 4096 rows: the warp
+# kernel, 32 (and chunk slots past the row's end stay zero in the first three).
+MMA_SHAPES = [(64, 1536), (48, 3584), (32, 8960), (4096, 5120)]
+
+
+@pytest.mark.parametrize("n_rows,n_cols", MMA_SHAPES)
+def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, monkeypatch):
+    """MI_CUDA_MMVQ_MMA=2: q4_K groups of 2..8 activation rows on the int8 tensor cores
+    (native/cuda/mmvq_mma.cu) give, row by row, the bits of the nt = 1 dp4a kernel; the launch
+    counter proves which kernel ran (nt = 1 never takes it); the CPU bound as for every mat-vec."""
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "2")
+    rng = np.random.default_rng(n_rows + n_cols)
+    w = bg.random_weights(rng, bg.Q4_K, n_rows, n_cols)
+    x = rng.standard_normal((8, n_cols)).astype(np.float32)
+    n0 = core.mmvq_mma_launches()
+    ones = np.concatenate([matmul(1, bg.Q4_K, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])
+    assert core.mmvq_mma_launches() == n0
+    assert nmse(ones, matmul(0, bg.Q4_K, w, n_rows, n_cols, x)) < 1e-10
+    for nt in range(2, 9):
+        assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:nt]), ones[:nt]), nt
+    assert core.mmvq_mma_launches() == n0 + 7
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "6")  # groups of fewer rows keep the dp4a kernel
+    assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:5]), ones[:5])
+    assert core.mmvq_mma_launches() == n0 + 7
+
+
+@pytest.mark.parametrize("nt", [2, 5, 8, 9])
+def test_mmvq_mma_forward_rows_bitwise(nt, monkeypatch):
+    """Whole forwards with the tensor-core verify kernel (q4_K o with the residual, gate/up with
+    SwiGLU and the fused quantize of its output, down): every row's logits and argmax are the
+    single-token forward's bits; the graphs of nt >= 2 captured it."""
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "2")
+    model = small_model(5, types=bg.qwen_types(SMALL["n_layer"]))
+    V = SMALL["n_vocab"]
+    rng = np.random.default_rng(nt + 50)
+    prefix = list(rng.integers(0, V, 9))
+    batch = list(rng.integers(0, V, nt))
+    n0 = core.mmvq_mma_launches()
+    a = make_ctx(model, 1)
+    assert core.mmvq_mma_launches() > n0
+    run(a, prefix, range(9), V, out_rows=[])
+    la, aa = run(a, batch, range(9, 9 + nt), V)
+    b = make_ctx(model, 1)
+    run(b, prefix, range(9), V, out_rows=[])
+    rows = [run(b, [t], [9 + i], V) for i, t in enumerate(batch)]
+    assert np.std(la) > 0.1
+    assert np.array_equal(la, np.concatenate([r[0] for r in rows]))
+    assert np.array_equal(aa, np.concatenate([r[1] for r in rows]))
+
+
 # ---- MMQ, the tensor-core GEMM for nt >= 10 (native/cuda/mmq.cuh) ----
 # Reference: the float64 product of the CPU-dequantized weights (dequantizers tested vs gguf-py).
 # MMQ rounds W and x to f16 (2^-11 relative each) and sums in f32: on these operands NMSE ~1e-7 and
@@ -750,7 +801,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
                                      ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256"),
-                                     ("MI_CUDA_MMQ_FILL", "2"), ("MI_CUDA_MMQ_FILL", "on")])
+                                     ("MI_CUDA_MMQ_FILL", "2"), ("MI_CUDA_MMQ_FILL", "on"),
+                                     ("MI_CUDA_MMVQ_MMA", "1"), ("MI_CUDA_MMVQ_MMA", "9"), ("MI_CUDA_MMVQ_MMA", "2x")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -1,5 +1,5 @@
-// Tensor-core PTX shared by the GEMM (mmq.cu) and the attention (attention.cu), sm_80+: the
-// m16n8k16 f16 MMA with f32 accumulators, ldmatrix, and cp.async (PTX ISA, "Warp-level matrix
+// Tensor-core PTX shared by the GEMM (mmq.cu), the attention (attention.cu) and the verify mat-vec
+// (mmvq_mma.cu), sm_80+: the m16n8k16 f16 MMA with f32 accumulators, the m16n8k32 s8 MMA, ldmatrix, and cp.async (PTX ISA, "Warp-level matrix
 // instructions: mma", "ldmatrix", "cp.async").
 #ifndef MI_CUDA_MMA_CUH
 #define MI_CUDA_MMA_CUH
@@ -14,6 +14,17 @@ __device__ __forceinline__ void mi_mma_f16(float (&d)[4], const uint32_t (&a)[4]
                  "{%0,%1,%2,%3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d = A B (int32, exact): A 16 x 32 s8 row-major (a[0]: row g, k 4q..4q+3; a[1]: row g + 8, same k;
+// a[2], a[3]: the same rows, k 16 + 4q..), B 32 x 8 s8 "col" (b0: k 4q..4q+3 of column g; b1: k +
+// 16), d as mi_mma_f16's (d[0], d[1]: row g, columns 2q, 2q + 1; d[2], d[3]: row g + 8). An integer
+// dot product has no order, so callers may permute k freely if A and B agree.
+__device__ __forceinline__ void mi_mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
 // Four 8 x 8 f16 matrices from shared memory: lanes 8m .. 8m + 7 give the addresses of matrix m's

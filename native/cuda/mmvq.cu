@@ -55,6 +55,16 @@ static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
     }
 }
 
+// MI_CUDA_MMVQ_MMA (read at every call, like MI_CUDA_MMVQ): the fewest activation rows a group must
+// have to take the tensor-core kernel where it applies (mi_mmvq_mma_applies): 2..8, or 0 = never;
+// unset = MI_MMVQ_MMA_DEFAULT. -1 when malformed.
+#define MI_MMVQ_MMA_DEFAULT 0
+static int mi_mmvq_mma_from() {
+    const char *ev = getenv("MI_CUDA_MMVQ_MMA");
+    if (!ev) return MI_MMVQ_MMA_DEFAULT;
+    if (ev[0] == '0' && ev[1] == 0) return 0;
+    return ev[0] >= '2' && ev[0] <= '8' && ev[1] == 0 ? ev[0] - '0' : -1;
+}
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     const int mode = mi_mmvq_mode(); // modes 0 and 3 run rows of <= 128 chunks on the block kernel
     return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
@@ -104,8 +114,17 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     const int mode = mi_mmvq_mode();
     if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2 or 3", getenv("MI_CUDA_MMVQ"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows);
-    return mi_mmvq_groups(a, xq, xf, ldx, nt, out,
-                          [&](int g, const mi_mmvq_args &ga) { return mi_launch_type(w->type, w_up != nullptr, g, ga, s); });
+    const int mma_from = mi_mmvq_mma_from();
+    if (mma_from < 0)
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA=%s: want 0 (off) or 2..8 (fewest activation rows)",
+                            getenv("MI_CUDA_MMVQ_MMA"));
+    const bool mma = mma_from && xq && mi_mmvq_mma_applies(w->type, w->n_rows, w->n_cols, out->any_rope);
+    const int tpr = a.warp ? 32 * a.warp : 128 / a.rpb; // threads a row of the nt = 1 kernel (128-thread blocks)
+    return mi_mmvq_groups(a, xq, xf, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
+        if (!mma || g < mma_from) return mi_launch_type(w->type, w_up != nullptr, g, ga, s);
+        const cudaError_t e = mi_mmvq_mma_launch(w_up != nullptr, g, ga, tpr, s);
+        return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (tensor cores): %s", cudaGetErrorString(e));
+    });
 }
 
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,

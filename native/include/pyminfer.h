@@ -111,6 +111,9 @@ int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, 
 /* GEMM launches that took the 128-row activation tiles (MI_CUDA_MMQ_BN) since the library was
  * loaded, in this process: lets tests prove which kernel ran. 0 without CUDA. */
 uint64_t mi_cuda_mmq_wide_launches(void);
+/* Mat-vec launches that took the tensor-core verify kernel (MI_CUDA_MMVQ_MMA, native/cuda/mmvq_mma.cu)
+ * since the library was loaded, in this process (not counting graph replays). 0 without CUDA. */
+uint64_t mi_cuda_mmvq_mma_launches(void);
 /* CUDA prefill attention (the tensor-core kernel of forwards on the GEMM path; tolerance in
  * native/cuda/attention.cuh): out [nt][n_head*head_dim] f32 = per head softmax(q k^T * scale) v,
  * row t over slots 0..pos[t]. q [nt][n_head*head_dim] f32; k, v [n_kv][n_head_kv*head_dim] f16

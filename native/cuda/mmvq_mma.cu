@@ -1,0 +1,191 @@
+// Verify-batch mat-vec on the int8 tensor cores: q4_K weights times 2..8 q8a activation rows,
+// each output row bitwise equal to what the dp4a kernels (mmvq_kernels.cuh) give for that
+// activation row alone.
+//
+// Why the bits can be equal: per 32-wide chunk the dp4a kernel computes an exact integer dot
+// product isum, then the f32 term (dw * a.d) * (float)isum + mw * a.s (mi_chunk_dot); a row's sum
+// is the per-thread sums of chunks j, j + tpr, ... (tpr threads a row, ascending c), then a warp
+// butterfly over each 32 threads (mi_warp_sum) and the warps' results added in order
+// (mi_row_reduce). mma.m16n8k32 gives the same isum (integers have no rounding), for 16 weight
+// rows x 8 activation rows at once; this kernel then forms the same f32 terms, sums them per
+// "thread slot" j in the same order, and replays the same butterfly and warp order from shared
+// memory. tpr is the nt = 1 kernel's (a function of the matrix only, never of nt).
+//
+// Block: 128 threads, 16 weight rows (n_rows a multiple of 16). The tpr slots are taken in groups
+// of 32 (one dp4a warp's lanes): each of the 4 warps computes 4 slot pairs (j, j + 1) of a group,
+// j even, so chunk c = j + k tpr and c + 1 share their q4_K quant bytes (low / high nibbles: one
+// 8-byte load a row feeds two MMAs). Fragments (mi_mma_s8): lane (g, q) = (lane / 4, lane % 4)
+// holds rows g and g + 8 of the weights, activation row g, and result columns 2q, 2q + 1. The k
+// order inside a chunk is permuted identically in A and B (logical k 4q..4q+3 = bytes 8q..8q+3,
+// k 16 + 4q.. = bytes 8q+4..8q+7), so each lane loads 8 contiguous bytes of each.
+// Reference layouts: q4_K block (144 bytes: d, dmin f16; 12 bytes of 6-bit scales / mins; qs[128],
+// chunk pair 2i / 2i + 1 = low / high nibbles of qs[32i..32i+31]): ggml-common.h block_q4_K;
+// the fragment maps: PTX ISA, "Matrix Fragments for mma.m16n8k32".
+#include "mma.cuh"
+#include "mmvq_kernels.cuh"
+
+namespace {
+
+constexpr int MI_MMA_ROWS = 16; // weight rows a block
+
+// One chunk's term, exactly as mi_chunk_dot (q4_K: HAS_MIN, sc0 = sc1 = 1 so isum is the dot).
+__device__ __forceinline__ float mi_q4k_term(float dw, float mw, float2 ds, int isum) {
+    return __fadd_rn(__fmul_rn(__fmul_rn(dw, ds.x), (float)isum), __fmul_rn(mw, ds.y));
+}
+
+template <int NT, bool GLU>
+__global__ void __launch_bounds__(MI_MMVQ_THREADS)
+    mi_mmvq_mma_q4k_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
+                           int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os,
+                           int accumulate, int tpr) {
+    constexpr int NM = GLU ? 2 : 1; // matrices (gate, up)
+    __shared__ float P[NM][32][MI_MMA_ROWS][8]; // [matrix][slot in group][row][activation row]
+    __shared__ float R[NM][MI_MMA_ROWS][8];     // finished sums
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int g = lane / 4, q = lane % 4;
+    const int r0 = blockIdx.x * MI_MMA_ROWS;
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, r0, MI_MMA_ROWS, n_rows, os);
+    mi_epi_in<NT> in; // thread k < 16 finishes row r0 + k
+    mi_epilogue_load<NT>(r0 + (int)threadIdx.x, threadIdx.x < MI_MMA_ROWS, os, accumulate, in);
+
+    const uint8_t *wr[NM][2]; // rows g, g + 8 of each matrix
+    wr[0][0] = w0 + (int64_t)(r0 + g) * row_bytes;
+    wr[0][1] = w0 + (int64_t)(r0 + g + 8) * row_bytes;
+    if (GLU) {
+        wr[NM - 1][0] = w1 + (int64_t)(r0 + g) * row_bytes;
+        wr[NM - 1][1] = w1 + (int64_t)(r0 + g + 8) * row_bytes;
+    }
+    const bool xb_ok = g < NT;                                       // B column g = activation row g
+    const mi_block_q8a *xb = xq + (int64_t)(xb_ok ? g : 0) * ldxb;
+    const bool c0_ok = 2 * q < NT, c1_ok = 2 * q + 1 < NT;           // result columns 2q, 2q + 1
+    const mi_block_q8a *xc0 = xq + (int64_t)(c0_ok ? 2 * q : 0) * ldxb;
+    const mi_block_q8a *xc1 = xq + (int64_t)(c1_ok ? 2 * q + 1 : 0) * ldxb;
+    const int rr = threadIdx.x / 8, cc = threadIdx.x % 8; // this thread's (row, column) in the replay
+    float res[NM];
+#pragma unroll
+    for (int m = 0; m < NM; m++) res[m] = 0.0f;
+
+    for (int grp = 0; grp < tpr / 32; grp++) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int jj = 2 * (warp + 4 * u); // slot pair (jj, jj + 1) of this group
+            float acc[NM][2][4];
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[m][h][e] = 0.0f;
+            for (int c = 32 * grp + jj; c < nchunks; c += tpr) { // c even: chunks c, c + 1
+                const int64_t boff = (int64_t)(c / 8) * 144;
+                const int k = c % 8;
+                const int2 xv0 = xb_ok ? *(const int2 *)(xb[c].qs + 8 * q) : make_int2(0, 0);
+                const int2 xv1 = xb_ok ? *(const int2 *)(xb[c + 1].qs + 8 * q) : make_int2(0, 0);
+                const float2 h00 = c0_ok ? *(const float2 *)&xc0[c] : make_float2(0.0f, 0.0f);
+                const float2 h01 = c1_ok ? *(const float2 *)&xc1[c] : make_float2(0.0f, 0.0f);
+                const float2 h10 = c0_ok ? *(const float2 *)&xc0[c + 1] : make_float2(0.0f, 0.0f);
+                const float2 h11 = c1_ok ? *(const float2 *)&xc1[c + 1] : make_float2(0.0f, 0.0f);
+#pragma unroll
+                for (int m = 0; m < NM; m++) {
+                    const uint8_t *ba = wr[m][0] + boff, *bb = wr[m][1] + boff;
+                    const int2 qa = *(const int2 *)(ba + 16 + 16 * k + 8 * q);
+                    const int2 qb = *(const int2 *)(bb + 16 + 16 * k + 8 * q);
+                    mi_chunk ha0, ha1, hb0, hb1; // dw, mw of rows g / g + 8, chunks c / c + 1
+                    mi_kquant_head(ba, k, ha0);
+                    mi_kquant_head(ba, k + 1, ha1);
+                    mi_kquant_head(bb, k, hb0);
+                    mi_kquant_head(bb, k + 1, hb1);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int sh = 4 * h;
+                        const uint32_t a[4] = {((uint32_t)qa.x >> sh) & 0x0F0F0F0Fu, ((uint32_t)qb.x >> sh) & 0x0F0F0F0Fu,
+                                               ((uint32_t)qa.y >> sh) & 0x0F0F0F0Fu, ((uint32_t)qb.y >> sh) & 0x0F0F0F0Fu};
+                        const int2 xv = h ? xv1 : xv0;
+                        int d[4];
+                        mi_mma_s8(d, a, (uint32_t)xv.x, (uint32_t)xv.y);
+                        const mi_chunk &ga = h ? ha1 : ha0, &gb = h ? hb1 : hb0;
+                        const float2 e0 = h ? h10 : h00, e1 = h ? h11 : h01;
+                        acc[m][h][0] = __fadd_rn(acc[m][h][0], mi_q4k_term(ga.dw, ga.mw, e0, d[0]));
+                        acc[m][h][1] = __fadd_rn(acc[m][h][1], mi_q4k_term(ga.dw, ga.mw, e1, d[1]));
+                        acc[m][h][2] = __fadd_rn(acc[m][h][2], mi_q4k_term(gb.dw, gb.mw, e0, d[2]));
+                        acc[m][h][3] = __fadd_rn(acc[m][h][3], mi_q4k_term(gb.dw, gb.mw, e1, d[3]));
+                    }
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    P[m][jj + h][g][2 * q] = acc[m][h][0];
+                    P[m][jj + h][g][2 * q + 1] = acc[m][h][1];
+                    P[m][jj + h][g + 8][2 * q] = acc[m][h][2];
+                    P[m][jj + h][g + 8][2 * q + 1] = acc[m][h][3];
+                }
+        }
+        __syncthreads();
+        // Replay mi_warp_sum over this group's 32 slots (lane i adds lane i ^ o, o = 16 .. 1: the
+        // value lane 0 ends with), then add it to the previous groups' in order (mi_row_reduce).
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            float v[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++) v[i] = P[m][i][rr][cc];
+#pragma unroll
+            for (int i = 0; i < 16; i++) v[i] = __fadd_rn(v[i], v[i + 16]);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = __fadd_rn(v[i], v[i + 8]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = __fadd_rn(v[i], v[i + 4]);
+            v[0] = __fadd_rn(v[0], v[2]);
+            v[1] = __fadd_rn(v[1], v[3]);
+            v[0] = __fadd_rn(v[0], v[1]);
+            res[m] = grp == 0 ? v[0] : __fadd_rn(res[m], v[0]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int m = 0; m < NM; m++) R[m][rr][cc] = res[m];
+    __syncthreads();
+    if (threadIdx.x < MI_MMA_ROWS) {
+        float acc[NT], acc1[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            acc[t] = R[0][threadIdx.x][t];
+            acc1[t] = R[NM - 1][threadIdx.x][t];
+        }
+        mi_epilogue<NT>(acc, acc1, GLU, r0 + (int)threadIdx.x, os, accumulate, in);
+    }
+    if (os.yq) mi_group_quant<NT>(os, r0, MI_MMA_ROWS);
+}
+
+template <int NT> cudaError_t mi_mma_one(bool glu, const mi_mmvq_args &a, int tpr, cudaStream_t s) {
+    const int grid = a.n_rows / MI_MMA_ROWS;
+    if (glu)
+        return mi_launch(mi_mmvq_mma_q4k_kernel<NT, true>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
+                         a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, tpr);
+    return mi_launch(mi_mmvq_mma_q4k_kernel<NT, false>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
+                     a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, tpr);
+}
+
+} // namespace
+
+static uint64_t mi_mma_count = 0; // launches so far (mi_cuda_mmvq_mma_launches)
+extern "C" uint64_t mi_cuda_mmvq_mma_launches(void) { return __atomic_load_n(&mi_mma_count, __ATOMIC_RELAXED); }
+
+bool mi_mmvq_mma_applies(int type, int64_t n_rows, int64_t n_cols, int any_rope) {
+    return type == MI_TYPE_Q4_K && n_rows % MI_MMA_ROWS == 0 && n_cols % 256 == 0 && !any_rope;
+}
+
+cudaError_t mi_mmvq_mma_launch(bool glu, int nt, const mi_mmvq_args &a, int tpr, cudaStream_t s) {
+    if (tpr % 32 || tpr < 32 || nt < 2 || nt > 8) return cudaErrorInvalidValue;
+    __atomic_add_fetch(&mi_mma_count, 1, __ATOMIC_RELAXED);
+    switch (nt) {
+    case 2: return mi_mma_one<2>(glu, a, tpr, s);
+    case 3: return mi_mma_one<3>(glu, a, tpr, s);
+    case 4: return mi_mma_one<4>(glu, a, tpr, s);
+    case 5: return mi_mma_one<5>(glu, a, tpr, s);
+    case 6: return mi_mma_one<6>(glu, a, tpr, s);
+    case 7: return mi_mma_one<7>(glu, a, tpr, s);
+    default: return mi_mma_one<8>(glu, a, tpr, s);
+    }
+}
