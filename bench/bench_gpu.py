@@ -144,7 +144,6 @@ def prefill(ctx, n, nt=64, start=0):
         ctx.forward(np.full(k, 7, dtype=np.int32), np.arange(p0, p0 + k, dtype=np.int32), rows)
 
 
-AB_GPU_NT = (1, 2, 4, 8, 9)  # batch sizes whose graph replay --ab-env times
 
 
 def main():
@@ -166,6 +165,8 @@ def main():
     ap.add_argument("--ab-ubatch", type=int, default=64, metavar="N",
                     help="--ab-env contexts take up to N rows a forward and prefill 512 tokens in chunks of N "
                          "(512: one GEMM forward, pp512)")
+    ap.add_argument("--ab-nt", default="1,2,4,8,9", metavar="N1,N2",
+                    help="batch sizes (<= 9) whose captured forward --ab-env times under each value")
     ap.add_argument("--curve", action="store_true", help="verify cost curve C_T(nt)/C_T(1), nt = 1..16")
     ap.add_argument("--accept", default=None,
                     help="JSON file {category: [conditional acceptance p_1..p_7]} measured on the real pair: "
@@ -215,6 +216,7 @@ def main():
         if args.curve:
             curves[name] = verify_curve(ctx)
         ctx.close()
+        ab_nts = [int(x) for x in args.ab_nt.split(",")]  # batch sizes whose graph replay --ab-env times
         ab_specs = ([("MI_CUDA_MMVQ", ["0", "1", "2", "3"])] if args.ab_mmvq else []) + \
             [(e.split("=", 1)[0], e.split("=", 1)[1].split(",")) for e in args.ab_env]
         for var, vals in ab_specs:
@@ -222,7 +224,7 @@ def main():
             ab = {v: [] for v in vals}
             ab8 = {v: [] for v in vals}
             abp = {v: [] for v in vals}
-            abg = {(v, nt): [] for v in vals for nt in AB_GPU_NT}
+            abg = {(v, nt): [] for v in vals for nt in ab_nts}
             old = os.environ.get(var)
             for v in vals * 2:  # interleaved A, B, ..., A, B, ...
                 os.environ[var] = v
@@ -230,7 +232,7 @@ def main():
                 decode_times(c2, 5)
                 ab[v] += decode_times(c2, args.tokens // 2)
                 ab8[v] += decode_times(c2, 10, start_pos=0, nt=8)[2:]
-                for nt in AB_GPU_NT:  # the captured forward alone (C_T(nt) under this value)
+                for nt in ab_nts:  # the captured forward alone (C_T(nt) under this value)
                     abg[v, nt].append(c2.gpu_replay_ms(nt, 100))
                 prefill(c2, 512, nt=args.ab_ubatch)
                 t0 = time.perf_counter()
@@ -249,7 +251,7 @@ def main():
                 medp = statistics.median(abp[v])
                 rows.append((name, f"A/B pp512/{args.ab_ubatch} {var[8:]}={v}", 512 / medp, float("nan"),
                              min(abp[v]) * 1e3))
-                for nt in AB_GPU_NT:  # tokens/s of the batch, then its GPU ms
+                for nt in ab_nts:  # tokens/s of the batch, then its GPU ms
                     g = statistics.median(abg[v, nt])
                     rows.append((name, f"A/B GPU nt={nt} {var[8:]}={v}", nt * 1e3 / g, float("nan"), g))
         for r in rows[n_rows0:]:  # as we go, so a run cut short still reports

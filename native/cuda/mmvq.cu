@@ -57,8 +57,10 @@ static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
 
 // MI_CUDA_MMVQ_MMA (read at every call, like MI_CUDA_MMVQ): the fewest activation rows a group must
 // have to take the tensor-core kernel where it applies (mi_mmvq_mma_applies): 2..8, or 0 = never;
-// unset = MI_MMVQ_MMA_DEFAULT. -1 when malformed.
-#define MI_MMVQ_MMA_DEFAULT 0
+// unset = MI_MMVQ_MMA_DEFAULT. -1 when malformed. The kernel forms all 8 columns whatever the group's
+// rows, so it pays only for wide groups: 7 wins on the 1.5B / 7B / 14B shapes, 6 ties, 5 and 4 lose
+// (docs/perf.md, session 14). The bits are the same either way, so the threshold may depend on nt.
+#define MI_MMVQ_MMA_DEFAULT 7
 static int mi_mmvq_mma_from() {
     const char *ev = getenv("MI_CUDA_MMVQ_MMA");
     if (!ev) return MI_MMVQ_MMA_DEFAULT;

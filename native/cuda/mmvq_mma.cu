@@ -90,11 +90,17 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
                     const uint8_t *ba = wr[m][0] + boff, *bb = wr[m][1] + boff;
                     const int2 qa = *(const int2 *)(ba + 16 + 16 * k + 8 * q);
                     const int2 qb = *(const int2 *)(bb + 16 + 16 * k + 8 * q);
-                    mi_chunk ha0, ha1, hb0, hb1; // dw, mw of rows g / g + 8, chunks c / c + 1
-                    mi_kquant_head(ba, k, ha0);
-                    mi_kquant_head(ba, k + 1, ha1);
-                    mi_kquant_head(bb, k, hb0);
-                    mi_kquant_head(bb, k + 1, hb1);
+                    // dw, mw of rows g / g + 8, chunks c / c + 1: the four lanes of row group g decode
+                    // one each (lane q: row g + 8 (q / 2), chunk c + q % 2) and share them.
+                    mi_chunk mine;
+                    mi_kquant_head(q < 2 ? ba : bb, k + (q & 1), mine);
+                    mi_chunk ha0, ha1, hb0, hb1;
+                    mi_chunk *const hs[4] = {&ha0, &ha1, &hb0, &hb1};
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        hs[i]->dw = __shfl_sync(MI_FULL_MASK, mine.dw, (lane & ~3) | i);
+                        hs[i]->mw = __shfl_sync(MI_FULL_MASK, mine.mw, (lane & ~3) | i);
+                    }
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int sh = 4 * h;
