@@ -102,8 +102,8 @@ def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
 
 
 # Shapes by the nt = 1 kernel's threads a row (tpr), which the tensor-core verify kernel replays:
-# 48 chunks a row: 32 (4 rows a block); 112: 64; 280: 128; 160 chunks x >= 4096 rows: the warp
-# kernel, 32 (and chunk slots past the row's end stay zero in the first three).
+# 48 chunks a row: 32 (4 rows a block); 112: 64; 280: 128 (slots of 2 and 3 chunks); 160 chunks x
+# >= 4096 rows: the warp kernel, 32. (Slots with no chunk: the forward test's 8- and 16-chunk rows.)
 MMA_SHAPES = [(64, 1536), (48, 3584), (32, 8960), (4096, 5120)]
 
 

@@ -1,6 +1,6 @@
 // Tensor-core PTX shared by the GEMM (mmq.cu), the attention (attention.cu) and the verify mat-vec
-// (mmvq_mma.cu), sm_80+: the m16n8k16 f16 MMA with f32 accumulators, the m16n8k32 s8 MMA, ldmatrix, and cp.async (PTX ISA, "Warp-level matrix
-// instructions: mma", "ldmatrix", "cp.async").
+// (mmvq_mma.cu), sm_80+: the m16n8k16 f16 MMA with f32 accumulators, the m16n8k32 s8 MMA, ldmatrix
+// and cp.async (PTX ISA, "Warp-level matrix instructions: mma", "ldmatrix", "cp.async").
 #ifndef MI_CUDA_MMA_CUH
 #define MI_CUDA_MMA_CUH
 #include <stdint.h>
