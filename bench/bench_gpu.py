@@ -172,6 +172,12 @@ def main():
                     help="JSON file {category: [conditional acceptance p_1..p_7]} measured on the real pair: "
                          "prints the cost-model speedup per d with the 0.5b shape as the draft")
     args = ap.parse_args()
+    try:  # batch sizes whose graph replay --ab-env times (graphs exist for nt <= 9)
+        ab_nts = [int(x) for x in args.ab_nt.split(",")]
+    except ValueError:
+        ap.error(f"--ab-nt wants comma-separated integers, got {args.ab_nt!r}")
+    if not all(1 <= n <= 9 for n in ab_nts):
+        ap.error(f"--ab-nt: batch sizes must be in 1..9, got {args.ab_nt!r}")
     for e in args.ab_env:
         if "=" not in e or not e.split("=", 1)[0] or not e.split("=", 1)[1]:
             ap.error(f"--ab-env wants VAR=V1,V2,..., got {e!r}")
@@ -216,7 +222,6 @@ def main():
         if args.curve:
             curves[name] = verify_curve(ctx)
         ctx.close()
-        ab_nts = [int(x) for x in args.ab_nt.split(",")]  # batch sizes whose graph replay --ab-env times
         ab_specs = ([("MI_CUDA_MMVQ", ["0", "1", "2", "3"])] if args.ab_mmvq else []) + \
             [(e.split("=", 1)[0], e.split("=", 1)[1].split(",")) for e in args.ab_env]
         for var, vals in ab_specs:
