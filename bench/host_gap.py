@@ -3,8 +3,9 @@ the GPU ms of the same forward's CUDA graph replayed back to back (no host work 
 
 For each synthetic shape: one context, the KV cache filled to --depth, then interleaved reps of
 (a) gpu_replay_ms(1) (graph replay, CUDA events), (b) _core.Context.forward in a loop (tokens fed
-back from the argmax, as plain greedy decoding does), (c) engine.Model.forward in a loop (what
-pyminfer's generate and speculative loops call: numpy conversions and checks on top of (b)).
+back from the argmax, as plain greedy decoding does), (c) the same loop with Model.forward's per-call
+numpy conversions added (pyminfer.engine.Model.forward is what generate and the speculative loop
+call; its argument checks are not included).
 The gap (b) - (a) is what a device-fed token chain could remove from every decode step.
 
     python3 bench/host_gap.py [--models 0.5b,1.5b] [--depth 300] [--steps 100] [--reps 5]

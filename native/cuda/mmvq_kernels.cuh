@@ -121,6 +121,14 @@ __device__ __forceinline__ void mi_epilogue_rope(const float *acc, int r, int ra
     }
 }
 
+// One chunk's f32 term from its exact integer dot isum and the activation block's d and s: the
+// formula every mat-vec kernel uses (here and mmvq_mma.cu), so their rows are bitwise equal.
+template <int T> __device__ __forceinline__ float mi_chunk_term(float dw, float mw, float ad, float as, int isum) {
+    float r = __fmul_rn(__fmul_rn(dw, ad), (float)isum);
+    if (mi_qt<T>::HAS_MIN) r = __fadd_rn(r, __fmul_rn(mw, as));
+    return r;
+}
+
 template <int T, int NT>
 __device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int c, const mi_block_q8a *xq, int64_t ldxb,
                                              float *acc) {
@@ -132,9 +140,7 @@ __device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int c, const mi
         const int s0 = __dp4a(ch.q[3], a1.y, __dp4a(ch.q[2], a1.x, __dp4a(ch.q[1], a0.y, __dp4a(ch.q[0], a0.x, 0))));
         const int s1 = __dp4a(ch.q[7], a3.y, __dp4a(ch.q[6], a3.x, __dp4a(ch.q[5], a2.y, __dp4a(ch.q[4], a2.x, 0))));
         const int isum = ch.sc0 * s0 + ch.sc1 * s1;
-        float r = __fmul_rn(__fmul_rn(ch.dw, a->d), (float)isum);
-        if (mi_qt<T>::HAS_MIN) r = __fadd_rn(r, __fmul_rn(ch.mw, a->s));
-        acc[t] = __fadd_rn(acc[t], r);
+        acc[t] = __fadd_rn(acc[t], mi_chunk_term<T>(ch.dw, ch.mw, a->d, a->s, isum));
     }
 }
 

@@ -27,10 +27,11 @@
 namespace {
 
 constexpr int MI_MMA_ROWS = 16; // weight rows a block
+using mi_q4k = mi_qt<MI_TYPE_Q4_K>;
 
-// One chunk's term, exactly as mi_chunk_dot (q4_K: HAS_MIN, sc0 = sc1 = 1 so isum is the dot).
+// One chunk's term, mi_chunk_dot's (q4_K: sc0 = sc1 = 1, so isum is the whole dot); ds = (a.d, a.s).
 __device__ __forceinline__ float mi_q4k_term(float dw, float mw, float2 ds, int isum) {
-    return __fadd_rn(__fmul_rn(__fmul_rn(dw, ds.x), (float)isum), __fmul_rn(mw, ds.y));
+    return mi_chunk_term<MI_TYPE_Q4_K>(dw, mw, ds.x, ds.y, isum);
 }
 
 template <int NT, bool GLU>
@@ -77,8 +78,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[m][h][e] = 0.0f;
             for (int c = 32 * grp + jj; c < nchunks; c += tpr) { // c even: chunks c, c + 1
-                const int64_t boff = (int64_t)(c / 8) * 144;
-                const int k = c % 8;
+                const int64_t boff = (int64_t)(c / mi_q4k::CPB) * mi_q4k::BB;
+                const int k = c % mi_q4k::CPB;
                 const int2 xv0 = xb_ok ? *(const int2 *)(xb[c].qs + 8 * q) : make_int2(0, 0);
                 const int2 xv1 = xb_ok ? *(const int2 *)(xb[c + 1].qs + 8 * q) : make_int2(0, 0);
                 const float2 h00 = c0_ok ? *(const float2 *)&xc0[c] : make_float2(0.0f, 0.0f);
@@ -164,7 +165,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     if (os.yq) mi_group_quant<NT>(os, r0, MI_MMA_ROWS);
 }
 
-template <int NT> cudaError_t mi_mma_one(bool glu, const mi_mmvq_args &a, int tpr, cudaStream_t s) {
+template <int NT> cudaError_t mi_mma_one(bool glu, const mi_mmvq_args &a, cudaStream_t s) {
+    const int tpr = a.warp ? 32 * a.warp : MI_MMVQ_THREADS / a.rpb; // threads a row of the nt = 1 kernel
     const int grid = a.n_rows / MI_MMA_ROWS;
     if (glu)
         return mi_launch(mi_mmvq_mma_q4k_kernel<NT, true>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
@@ -182,16 +184,16 @@ bool mi_mmvq_mma_applies(int type, int64_t n_rows, int64_t n_cols, int any_rope)
     return type == MI_TYPE_Q4_K && n_rows % MI_MMA_ROWS == 0 && n_cols % 256 == 0 && !any_rope;
 }
 
-cudaError_t mi_mmvq_mma_launch(bool glu, int nt, const mi_mmvq_args &a, int tpr, cudaStream_t s) {
-    if (tpr % 32 || tpr < 32 || nt < 2 || nt > 8) return cudaErrorInvalidValue;
+cudaError_t mi_mmvq_mma_launch(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s) {
+    if (nt < 2 || nt > 8) return cudaErrorInvalidValue;
     __atomic_add_fetch(&mi_mma_count, 1, __ATOMIC_RELAXED);
     switch (nt) {
-    case 2: return mi_mma_one<2>(glu, a, tpr, s);
-    case 3: return mi_mma_one<3>(glu, a, tpr, s);
-    case 4: return mi_mma_one<4>(glu, a, tpr, s);
-    case 5: return mi_mma_one<5>(glu, a, tpr, s);
-    case 6: return mi_mma_one<6>(glu, a, tpr, s);
-    case 7: return mi_mma_one<7>(glu, a, tpr, s);
-    default: return mi_mma_one<8>(glu, a, tpr, s);
+    case 2: return mi_mma_one<2>(glu, a, s);
+    case 3: return mi_mma_one<3>(glu, a, s);
+    case 4: return mi_mma_one<4>(glu, a, s);
+    case 5: return mi_mma_one<5>(glu, a, s);
+    case 6: return mi_mma_one<6>(glu, a, s);
+    case 7: return mi_mma_one<7>(glu, a, s);
+    default: return mi_mma_one<8>(glu, a, s);
     }
 }
