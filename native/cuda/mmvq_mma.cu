@@ -34,6 +34,72 @@ __device__ __forceinline__ float mi_q4k_term(float dw, float mw, float2 ds, int 
     return mi_chunk_term<MI_TYPE_Q4_K>(dw, mw, ds.x, ds.y, isum);
 }
 
+// Everything one slot pair's step reads (chunks c, c + 1 of rows g, g + 8 of each matrix; activation
+// row g's quants and the (d, s) of result columns 2q, 2q + 1), loaded before any of it is used.
+template <int NM> struct mi_mma_ld {
+    int2 xv0, xv1;             // B: activation row g, chunks c / c + 1, this lane's 8 bytes
+    float2 h00, h01, h10, h11; // (d, s) of columns 2q / 2q + 1, chunks c / c + 1
+    int2 qa[NM], qb[NM];       // A: rows g / g + 8, this lane's 8 quant bytes of the chunk pair
+    uint4 hd[NM];              // the q4_K block head this lane decodes (row g + 8 (q / 2))
+};
+
+template <int NM>
+__device__ __forceinline__ void mi_mma_load(mi_mma_ld<NM> &l, int c, const uint8_t *const (&wr)[NM][2],
+                                            const mi_block_q8a *xb, bool xb_ok, const mi_block_q8a *xc0, bool c0_ok,
+                                            const mi_block_q8a *xc1, bool c1_ok, int q) {
+    const int64_t boff = (int64_t)(c / mi_q4k::CPB) * mi_q4k::BB;
+    const int k = c % mi_q4k::CPB;
+    l.xv0 = xb_ok ? *(const int2 *)(xb[c].qs + 8 * q) : make_int2(0, 0);
+    l.xv1 = xb_ok ? *(const int2 *)(xb[c + 1].qs + 8 * q) : make_int2(0, 0);
+    l.h00 = c0_ok ? *(const float2 *)&xc0[c] : make_float2(0.0f, 0.0f);
+    l.h01 = c1_ok ? *(const float2 *)&xc1[c] : make_float2(0.0f, 0.0f);
+    l.h10 = c0_ok ? *(const float2 *)&xc0[c + 1] : make_float2(0.0f, 0.0f);
+    l.h11 = c1_ok ? *(const float2 *)&xc1[c + 1] : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        const uint8_t *ba = wr[m][0] + boff, *bb = wr[m][1] + boff;
+        l.qa[m] = *(const int2 *)(ba + 16 + 16 * k + 8 * q);
+        l.qb[m] = *(const int2 *)(bb + 16 + 16 * k + 8 * q);
+        l.hd[m] = *(const uint4 *)(q < 2 ? ba : bb);
+    }
+}
+
+// The MMAs and f32 terms of one loaded step, added to acc[m][h][e] (h: chunk c + h).
+template <int NM>
+__device__ __forceinline__ void mi_mma_chunks(const mi_mma_ld<NM> &l, int c, float (&acc)[NM][2][4], int lane, int q) {
+    const int k = c % mi_q4k::CPB;
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        // dw, mw of rows g / g + 8, chunks c / c + 1: the four lanes of row group g decode one each
+        // (lane q: row g + 8 (q / 2), chunk c + q % 2) and share them.
+        mi_chunk mine;
+        mi_kquant_head_of(l.hd[m], k + (q & 1), mine);
+        mi_chunk ha0, ha1, hb0, hb1;
+        mi_chunk *const hs[4] = {&ha0, &ha1, &hb0, &hb1};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            hs[i]->dw = __shfl_sync(MI_FULL_MASK, mine.dw, (lane & ~3) | i);
+            hs[i]->mw = __shfl_sync(MI_FULL_MASK, mine.mw, (lane & ~3) | i);
+        }
+        const int2 qa = l.qa[m], qb = l.qb[m];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int sh = 4 * h;
+            const uint32_t a[4] = {((uint32_t)qa.x >> sh) & 0x0F0F0F0Fu, ((uint32_t)qb.x >> sh) & 0x0F0F0F0Fu,
+                                   ((uint32_t)qa.y >> sh) & 0x0F0F0F0Fu, ((uint32_t)qb.y >> sh) & 0x0F0F0F0Fu};
+            const int2 xv = h ? l.xv1 : l.xv0;
+            int d[4];
+            mi_mma_s8(d, a, (uint32_t)xv.x, (uint32_t)xv.y);
+            const mi_chunk &ga = h ? ha1 : ha0, &gb = h ? hb1 : hb0;
+            const float2 e0 = h ? l.h10 : l.h00, e1 = h ? l.h11 : l.h01;
+            acc[m][h][0] = __fadd_rn(acc[m][h][0], mi_q4k_term(ga.dw, ga.mw, e0, d[0]));
+            acc[m][h][1] = __fadd_rn(acc[m][h][1], mi_q4k_term(ga.dw, ga.mw, e1, d[1]));
+            acc[m][h][2] = __fadd_rn(acc[m][h][2], mi_q4k_term(gb.dw, gb.mw, e0, d[2]));
+            acc[m][h][3] = __fadd_rn(acc[m][h][3], mi_q4k_term(gb.dw, gb.mw, e1, d[3]));
+        }
+    }
+}
+
 template <int NT, bool GLU>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_mma_q4k_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
@@ -78,46 +144,9 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[m][h][e] = 0.0f;
             for (int c = 32 * grp + jj; c < nchunks; c += tpr) { // c even: chunks c, c + 1
-                const int64_t boff = (int64_t)(c / mi_q4k::CPB) * mi_q4k::BB;
-                const int k = c % mi_q4k::CPB;
-                const int2 xv0 = xb_ok ? *(const int2 *)(xb[c].qs + 8 * q) : make_int2(0, 0);
-                const int2 xv1 = xb_ok ? *(const int2 *)(xb[c + 1].qs + 8 * q) : make_int2(0, 0);
-                const float2 h00 = c0_ok ? *(const float2 *)&xc0[c] : make_float2(0.0f, 0.0f);
-                const float2 h01 = c1_ok ? *(const float2 *)&xc1[c] : make_float2(0.0f, 0.0f);
-                const float2 h10 = c0_ok ? *(const float2 *)&xc0[c + 1] : make_float2(0.0f, 0.0f);
-                const float2 h11 = c1_ok ? *(const float2 *)&xc1[c + 1] : make_float2(0.0f, 0.0f);
-#pragma unroll
-                for (int m = 0; m < NM; m++) {
-                    const uint8_t *ba = wr[m][0] + boff, *bb = wr[m][1] + boff;
-                    const int2 qa = *(const int2 *)(ba + 16 + 16 * k + 8 * q);
-                    const int2 qb = *(const int2 *)(bb + 16 + 16 * k + 8 * q);
-                    // dw, mw of rows g / g + 8, chunks c / c + 1: the four lanes of row group g decode
-                    // one each (lane q: row g + 8 (q / 2), chunk c + q % 2) and share them.
-                    mi_chunk mine;
-                    mi_kquant_head(q < 2 ? ba : bb, k + (q & 1), mine);
-                    mi_chunk ha0, ha1, hb0, hb1;
-                    mi_chunk *const hs[4] = {&ha0, &ha1, &hb0, &hb1};
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        hs[i]->dw = __shfl_sync(MI_FULL_MASK, mine.dw, (lane & ~3) | i);
-                        hs[i]->mw = __shfl_sync(MI_FULL_MASK, mine.mw, (lane & ~3) | i);
-                    }
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int sh = 4 * h;
-                        const uint32_t a[4] = {((uint32_t)qa.x >> sh) & 0x0F0F0F0Fu, ((uint32_t)qb.x >> sh) & 0x0F0F0F0Fu,
-                                               ((uint32_t)qa.y >> sh) & 0x0F0F0F0Fu, ((uint32_t)qb.y >> sh) & 0x0F0F0F0Fu};
-                        const int2 xv = h ? xv1 : xv0;
-                        int d[4];
-                        mi_mma_s8(d, a, (uint32_t)xv.x, (uint32_t)xv.y);
-                        const mi_chunk &ga = h ? ha1 : ha0, &gb = h ? hb1 : hb0;
-                        const float2 e0 = h ? h10 : h00, e1 = h ? h11 : h01;
-                        acc[m][h][0] = __fadd_rn(acc[m][h][0], mi_q4k_term(ga.dw, ga.mw, e0, d[0]));
-                        acc[m][h][1] = __fadd_rn(acc[m][h][1], mi_q4k_term(ga.dw, ga.mw, e1, d[1]));
-                        acc[m][h][2] = __fadd_rn(acc[m][h][2], mi_q4k_term(gb.dw, gb.mw, e0, d[2]));
-                        acc[m][h][3] = __fadd_rn(acc[m][h][3], mi_q4k_term(gb.dw, gb.mw, e1, d[3]));
-                    }
-                }
+                mi_mma_ld<NM> ld;
+                mi_mma_load<NM>(ld, c, wr, xb, xb_ok, xc0, c0_ok, xc1, c1_ok, q);
+                mi_mma_chunks<NM>(ld, c, acc, lane, q);
             }
 #pragma unroll
             for (int m = 0; m < NM; m++)

@@ -44,8 +44,8 @@ __device__ __forceinline__ void mi_ld32_a2(const uint8_t *p, uint32_t *out) {
 
 // Q4_K / Q5_K: d, dmin and the 12 scale bytes are the block's first 16 bytes (one 16-byte load);
 // chunk k's 6-bit scale and min as mi_scale_min_k4, then the chunk's dw and mw.
-__device__ __forceinline__ void mi_kquant_head(const uint8_t *b, int k, mi_chunk &c) {
-    const uint4 hd = *(const uint4 *)b;
+// mi_kquant_head on the block's first 16 bytes already loaded (callers that issue the load early).
+__device__ __forceinline__ void mi_kquant_head_of(const uint4 hd, int k, mi_chunk &c) {
     const int s = 8 * (k & 3);
     const uint32_t y = hd.y >> s, z = hd.z >> s, w = hd.w >> s;
     int sc, m;
@@ -59,6 +59,9 @@ __device__ __forceinline__ void mi_kquant_head(const uint8_t *b, int k, mi_chunk
     c.sc0 = c.sc1 = 1;
     c.dw = __fmul_rn(__half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF))), (float)sc);
     c.mw = -__fmul_rn(__half2float(__ushort_as_half((unsigned short)(hd.x >> 16))), (float)m);
+}
+__device__ __forceinline__ void mi_kquant_head(const uint8_t *b, int k, mi_chunk &c) {
+    mi_kquant_head_of(*(const uint4 *)b, k, c);
 }
 
 template <> struct mi_qt<MI_TYPE_Q4_0> {
