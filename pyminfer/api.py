@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
 
 from .generate import Chunk, GenerationResult, generate_stream
+from .ngram import NgramSpec
 from .sampling import SamplingParams
 from .tokenizer import check_unicode
 
@@ -58,6 +59,8 @@ class LLM:
         n_threads: CPU threads (0: all cores).
         spec_draft_n: draft tokens per speculative round (0..8).
         spec_adaptive: choose the draft depth each round.
+        spec_ngram: n-gram drafts (pyminfer.ngram.NgramSpec(n, m); llama.cpp's
+            ``--spec-type ngram-simple``), alone or before the draft model; None: off.
         n_ubatch: most tokens per forward; prompts are evaluated in chunks of it (as
             llama-cpp-python's n_ubatch; default 512 on CUDA, 64 on the CPU).
 
@@ -69,7 +72,7 @@ class LLM:
 
     def __init__(self, model_path: str | Path | None = None, *, draft_model: str | Path | None = None,
                  device: str = "auto", n_ctx: int | None = None, n_threads: int = 0, spec_draft_n: int = 4,
-                 spec_adaptive: bool = False, n_ubatch: int | None = None):
+                 spec_adaptive: bool = False, n_ubatch: int | None = None, spec_ngram: NgramSpec | None = None):
         from .engine import Model
         from .models import resolve_model
 
@@ -80,6 +83,11 @@ class LLM:
             raise TypeError(f"n_ubatch must be an int or None, got {type(n_ubatch).__name__}")
         if n_ubatch is not None and n_ubatch < 1:
             raise ValueError(f"n_ubatch must be >= 1, got {n_ubatch}")
+        if spec_ngram is not None and not isinstance(spec_ngram, NgramSpec):
+            raise TypeError(f"spec_ngram must be a pyminfer.ngram.NgramSpec or None, got {type(spec_ngram).__name__}")
+        if spec_ngram is not None and n_ubatch is not None and n_ubatch < spec_ngram.m + 1:
+            raise ValueError(f"n_ubatch {n_ubatch} is too small for n-gram drafts of {spec_ngram.m} tokens: a verify "
+                             f"forward takes {spec_ngram.m + 1} tokens")
         if draft_model is not None:
             if not 0 <= spec_draft_n <= MAX_DEPTH:
                 raise ValueError(f"spec_draft_n must be in 0..{MAX_DEPTH}, got {spec_draft_n}")
@@ -99,12 +107,13 @@ class LLM:
             raise
         self.spec_draft_n = spec_draft_n
         self.spec_adaptive = spec_adaptive
+        self.spec_ngram = spec_ngram
         self._lock = threading.Lock()
         self._owner: int | None = None
 
     @classmethod
     def from_models(cls, model: Any, draft: Any = None, *, spec_draft_n: int = 4,
-                    spec_adaptive: bool = False) -> "LLM":
+                    spec_adaptive: bool = False, spec_ngram: NgramSpec | None = None) -> "LLM":
         """Wrap already loaded pyminfer.engine.Model objects (e.g. from the CLI's loader); the LLM
         takes ownership (close() frees them). Raises VocabMismatch for an incompatible draft."""
         self = cls.__new__(cls)
@@ -116,6 +125,7 @@ class LLM:
             check_draft(model, draft)
         self.spec_draft_n = spec_draft_n
         self.spec_adaptive = spec_adaptive
+        self.spec_ngram = spec_ngram
         self._lock = threading.Lock()
         self._owner = None
         return self
@@ -300,7 +310,8 @@ class LLM:
         self._acquire()
         try:
             yield from generate_stream(self.model, ids, params, max_tokens, draft=self._draft,
-                                       spec_draft_n=self.spec_draft_n, spec_adaptive=self.spec_adaptive)
+                                       spec_draft_n=self.spec_draft_n, spec_adaptive=self.spec_adaptive,
+                                       spec_ngram=self.spec_ngram)
         finally:
             self._release()
 

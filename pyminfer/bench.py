@@ -106,14 +106,20 @@ def _fmt(v: list[float]) -> str:
     return f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.2f}"
 
 
-def bench_spec(target: Model, draft: Model, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Speculative vs sequential on BENCH_PROMPTS, interleaved, with the cost-model prediction."""
+def bench_spec(target: Model, draft: Model | None, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Speculative vs sequential on BENCH_PROMPTS, interleaved, with the cost-model prediction.
+
+    ``draft`` None: n-gram drafts only (--spec-type ngram-simple). The prediction charges
+    C_T(d + 1) at the mean depth plus one draft step C_D(1) per token the draft model proposed
+    (n-gram drafts cost no forward)."""
+    from .cli import _ngram
     from .generate import generate
     from .sampling import SamplingParams
     from .spec import MAX_DEPTH
 
+    ngram = _ngram(args)
     ct = verify_curve(target, max_nt=MAX_DEPTH + 1, reps=5)  # every verify width a round can use
-    cd = verify_curve(draft, max_nt=1, reps=5)[1]
+    cd = verify_curve(draft, max_nt=1, reps=5)[1] if draft is not None else 0.0
     rows = []
     params = SamplingParams(temperature=0.0)
     for cat, text in BENCH_PROMPTS:
@@ -123,7 +129,7 @@ def bench_spec(target: Model, draft: Model, args: argparse.Namespace) -> list[di
             r = generate(target, ids, params, args.n_gen)
             seq.append(r.timings["decode_tok_s"])
             s = generate(target, ids, params, args.n_gen, draft=draft, spec_draft_n=args.spec_draft_n,
-                         spec_adaptive=args.spec_draft_adaptive)
+                         spec_adaptive=args.spec_draft_adaptive, spec_ngram=ngram)
             spec.append(s.timings["decode_tok_s"])
             specres = s
             if s.generated_ids != r.generated_ids:
@@ -131,7 +137,8 @@ def bench_spec(target: Model, draft: Model, args: argparse.Namespace) -> list[di
         st = specres.spec
         dm = st["mean_depth"]
         lo, hi = int(np.floor(dm)), int(np.ceil(dm))
-        c_round = ct[lo + 1] + (ct[hi + 1] - ct[lo + 1]) * (dm - lo) + dm * cd
+        model_drafted = (st["drafted"] - st["ngram_drafted"]) / st["rounds"] if st["rounds"] else 0.0
+        c_round = ct[lo + 1] + (ct[hi + 1] - ct[lo + 1]) * (dm - lo) + model_drafted * cd
         pred = st["tokens_per_round"] / c_round if c_round > 0 else 0.0
         seq_med, spec_med = statistics.median(seq), statistics.median(spec)
         rows.append({"prompt": cat, "text": text[:40], "seq_tok_s": seq_med, "spec_tok_s": spec_med,
@@ -140,6 +147,7 @@ def bench_spec(target: Model, draft: Model, args: argparse.Namespace) -> list[di
                      "acceptance": st["acceptance_rate"], "tokens_per_round": st["tokens_per_round"], "mean_depth": dm,
                      # rounds per depth of the last repetition, "d:rounds" (which depths adaptive ran)
                      "depths": " ".join(f"{d}:{c}" for d, c in enumerate(st["depth_counts"]) if c),
+                     **({"ngram_rounds": st["ngram_rounds"], "ngram_accepted": st["ngram_accepted"]} if ngram else {}),
                      "predicted_spec_tok_s": pred, "C_T1_ms": ct[1] * 1e3, "C_D1_ms": cd * 1e3})
     return rows
 
@@ -157,9 +165,11 @@ def main_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"-c {args.ctx_size} is too small for these tests (they need {need} positions)")
     m = Model(path, device=args.device, n_ctx=args.ctx_size or max(need, 512), n_threads=args.threads, max_nt=max_nt)
     info = {"model": path.name, "size_GiB": m.gguf.weight_bytes / 2**30, "type": m.gguf.file_type, "device": m.device}
-    if args.spec_draft:
+    from .cli import _ngram
+
+    if args.spec_draft or _ngram(args) is not None:
         d = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=m.n_ctx, n_threads=args.threads,
-                  max_nt=args.ubatch_size)
+                  max_nt=args.ubatch_size) if args.spec_draft else None
         rows = bench_spec(m, d, args)
         _emit([{**info, **r} for r in rows], args.output)
         return 0

@@ -42,13 +42,14 @@ class ChatSession:
 
     def __init__(self, model: Any, draft: Any = None, *, params: SamplingParams | None = None,
                  max_tokens: int = 1024, system: str | None = None, spec_draft_n: int = 4,
-                 spec_adaptive: bool = False):
+                 spec_adaptive: bool = False, spec_ngram: Any = None):
         self.model, self.draft = model, draft
         self.tok = model.tokenizer
         self.params = params or SamplingParams()
         self.max_tokens = max_tokens
         self.system = system
         self.spec_draft_n, self.spec_adaptive = spec_draft_n, spec_adaptive
+        self.spec_ngram = spec_ngram  # pyminfer.ngram.NgramSpec or None
         self.clear()
 
     def clear(self) -> None:
@@ -100,6 +101,8 @@ class ChatSession:
             raise ContextFull(f"the message needs {len(ids)} tokens; the context holds n_ctx={self.model.n_ctx}")
         n_past = common_prefix(self.cache_ids, ids)
         kw: dict[str, Any] = {}
+        if self.spec_ngram is not None:
+            kw["spec_ngram"] = self.spec_ngram
         if self.draft is not None:
             kw.update(draft=self.draft, spec_draft_n=self.spec_draft_n, spec_adaptive=self.spec_adaptive)
             if _GEN_HAS_DRAFT_N_PAST:
@@ -287,7 +290,7 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
 
 def main_chat(args: Any) -> int:
     """``pyminfer chat``: load the model(s) with the CLI's loader and run the loop."""
-    from .cli import _check_common, _load, _params
+    from .cli import _check_common, _load, _ngram, _params
 
     _check_common(args)  # before the (slow) load: -n, -c, --system ...
     _params(args).validate()
@@ -297,7 +300,7 @@ def main_chat(args: Any) -> int:
             log("pyminfer: warning: this model has no chat template; replies may be poor")
         session = ChatSession(model, draft, params=_params(args), max_tokens=args.n_predict,
                               system=getattr(args, "system", None), spec_draft_n=args.spec_draft_n,
-                              spec_adaptive=args.spec_draft_adaptive)
+                              spec_adaptive=args.spec_draft_adaptive, spec_ngram=_ngram(args))
         return run_chat(session)
     finally:
         model.close()

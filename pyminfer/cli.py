@@ -41,6 +41,23 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft", default=None, metavar="MODEL", help="draft model for speculative decoding")
     p.add_argument("--spec-draft-n", type=int, default=4, metavar="D", help="draft tokens per round (0..8)")
     p.add_argument("--spec-draft-adaptive", action="store_true", help="choose the draft depth each round")
+    p.add_argument("--spec-type", default="none", choices=["none", "ngram-simple"],
+                   help="draft without a model too (as llama.cpp): ngram-simple = the tokens that followed the "
+                        "latest earlier occurrence of the last n tokens; tried before --spec-draft each round")
+    p.add_argument("--spec-ngram-size-n", type=int, default=3, metavar="N",
+                   help="ngram-simple: tokens matched (default: %(default)s)")
+    p.add_argument("--spec-ngram-size-m", type=int, default=5, metavar="M",
+                   help="ngram-simple: most tokens drafted a round, 1..8 (default: %(default)s)")
+
+
+def _ngram(args: argparse.Namespace) -> Any:
+    """The n-gram draft settings of --spec-type (pyminfer.ngram.NgramSpec), or None when it is
+    'none'. Raises ValueError for sizes out of range."""
+    if getattr(args, "spec_type", "none") != "ngram-simple":
+        return None
+    from .ngram import NgramSpec
+
+    return NgramSpec(n=args.spec_ngram_size_n, m=args.spec_ngram_size_m)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -112,6 +129,10 @@ def _check_common(args: argparse.Namespace) -> None:
     if getattr(args, "spec_draft", None) and args.ubatch_size is not None and args.ubatch_size < n + 1:
         raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for --spec-draft-n {n}: "
                          f"a verify forward takes {n + 1} tokens")
+    ng = _ngram(args)  # sizes checked here, before the load
+    if ng is not None and args.ubatch_size is not None and args.ubatch_size < ng.m + 1:
+        raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for --spec-ngram-size-m {ng.m}: "
+                         f"a verify forward takes {ng.m + 1} tokens")
 
 
 def _check_arg_text(text: str, what: str) -> None:
@@ -165,7 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ids = tok.encode(prompt, parse_special=True)
     res = None
     for ch in generate_stream(model, ids, params, args.n_predict, draft=draft, spec_draft_n=args.spec_draft_n,
-                              spec_adaptive=args.spec_draft_adaptive):
+                              spec_adaptive=args.spec_draft_adaptive, spec_ngram=_ngram(args)):
         if ch.result is not None:
             res = ch.result
         elif not args.json:
@@ -188,6 +209,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             log(f"pyminfer: spec rounds {s['rounds']}, drafted {s['drafted']}, accepted {s['accepted']} "
                 f"({100 * s['acceptance_rate']:.1f}%), {s['tokens_per_round']:.2f} tok/round, mean depth "
                 f"{s['mean_depth']:.2f}, draft {s['draft_s']:.2f} s, verify {s['verify_s']:.2f} s")
+            if s.get("ngram"):
+                log(f"pyminfer: spec n-gram rounds {s['ngram_rounds']}, drafted {s['ngram_drafted']}, accepted "
+                    f"{s['ngram_accepted']}")
     model.close()
     if draft:
         draft.close()
@@ -240,18 +264,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError("-r/--repetitions must be >= 1")
     from .bench import VERIFY_CURVE_NT
     from .spec import MAX_DEPTH
+    spec = bool(args.spec_draft) or _ngram(args) is not None
     for on, rows, what in ((args.verify_curve, VERIFY_CURVE_NT, "--verify-curve"),
-                           (args.spec_draft, MAX_DEPTH + 1, "--spec-draft")):
+                           (spec, MAX_DEPTH + 1, "--spec-draft / --spec-type")):
         if on and args.ubatch_size is not None and args.ubatch_size < rows:
             raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for {what}: it runs forwards of "
                              f"up to {rows} tokens")
     if args.n_prompt < 0 or args.n_gen < 0 or args.depth < 0:
         raise ValueError("-p, -n and -d/--depth must be >= 0")
-    if not (args.n_prompt or args.n_gen or args.verify_curve or args.spec_draft):
-        raise ValueError("nothing to measure: give -p and/or -n > 0, --verify-curve or --spec-draft")
-    if args.spec_draft and args.n_gen < 2:  # the first token comes from the prefill: no decode to time
-        raise ValueError(f"-n/--n-gen must be >= 2 with --spec-draft (decode speed is timed from the second "
-                         f"generated token), got {args.n_gen}")
+    if not (args.n_prompt or args.n_gen or args.verify_curve or spec):
+        raise ValueError("nothing to measure: give -p and/or -n > 0, --verify-curve, --spec-draft or --spec-type")
+    if spec and args.n_gen < 2:  # the first token comes from the prefill: no decode to time
+        raise ValueError(f"-n/--n-gen must be >= 2 with --spec-draft / --spec-type (decode speed is timed from the "
+                         f"second generated token), got {args.n_gen}")
 
     return main_bench(args)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from .engine import ContextFull, Model
+from .ngram import NgramSpec
 from .sampling import Sampler, SamplingParams, StopChecker
 from .tokenizer import StreamDecoder
 
@@ -85,12 +86,14 @@ class PlainDecoder:
 
 def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int, *,
                     draft: Model | None = None, spec_draft_n: int = 4, spec_adaptive: bool = False,
-                    n_past: int = 0, draft_n_past: int = 0, skip_special: bool = True) -> Iterator[Chunk]:
+                    spec_ngram: NgramSpec | None = None, n_past: int = 0, draft_n_past: int = 0,
+                    skip_special: bool = True) -> Iterator[Chunk]:
     """Generate up to ``max_tokens`` tokens after ``prompt_ids``, yielding text chunks.
 
-    With ``draft`` the tokens come from speculative decoding (pyminfer.spec), which at
-    temperature 0 gives the same ids as plain decoding. Raises ValueError for an empty prompt,
-    a prompt that does not fit n_ctx, or max_tokens < 0. ``n_past`` / ``draft_n_past``: leading
+    With ``draft`` and/or ``spec_ngram`` (n-gram drafts, pyminfer.ngram) the tokens come from
+    speculative decoding (pyminfer.spec), which at temperature 0 gives the same ids as plain
+    decoding. Raises ValueError for an empty prompt, a prompt that does not fit n_ctx, or
+    max_tokens < 0. ``n_past`` / ``draft_n_past``: leading
     prompt positions whose K/V are already in the target's / draft's cache (multi-turn chat).
     Every generated id appears in exactly one chunk's token_ids (text may be "" while a UTF-8
     character or a possible stop string is incomplete).
@@ -103,10 +106,11 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
         raise ContextFull(f"the prompt has {len(prompt_ids)} tokens; the context holds n_ctx={model.n_ctx} "
                           "(need at least one free position to generate)")
     sampler = Sampler(params)
-    if draft is not None:
+    speculative = draft is not None or spec_ngram is not None
+    if speculative:
         from .spec import SpecDecoder
 
-        dec: Any = SpecDecoder(model, draft, sampler, draft_n=spec_draft_n, adaptive=spec_adaptive)
+        dec: Any = SpecDecoder(model, draft, sampler, draft_n=spec_draft_n, adaptive=spec_adaptive, ngram=spec_ngram)
         dec.max_tokens = max_tokens
     else:
         dec = PlainDecoder(model, sampler)
@@ -119,7 +123,7 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     t_start = time.perf_counter()
     if max_tokens == 0:
         src: Any = iter(())
-    elif draft is not None:
+    elif speculative:
         src = dec.tokens(prompt_ids, n_past, draft_n_past)
     else:
         src = dec.tokens(prompt_ids, n_past)

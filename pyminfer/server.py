@@ -1004,8 +1004,10 @@ def main_serve(args: Any) -> int:
 
     def loader() -> LLM:
         model, draft = _load(args)
+        from .cli import _ngram
+
         return LLM.from_models(model, draft, spec_draft_n=getattr(args, "spec_draft_n", 4),
-                               spec_adaptive=bool(getattr(args, "spec_draft_adaptive", False)))
+                               spec_adaptive=bool(getattr(args, "spec_draft_adaptive", False)), spec_ngram=_ngram(args))
 
     from .models import DEFAULT_MODEL
 

@@ -14,6 +14,13 @@ forward at that position, so at temperature 0 the output is byte-identical to pl
 At temperature > 0 each emitted token is one draw from the target's distribution in order, so
 with the same seed the output also equals plain sampling.
 
+N-gram drafts (``ngram=NgramSpec(...)``, pyminfer.ngram; llama.cpp's ``--spec-type ngram-simple``):
+each round first looks the last n committed tokens up in the text so far; where they occurred
+before, the up to m tokens that followed are the round's draft (no draft-model steps), verified
+the same way; otherwise the round uses the draft model (if any) or plain decoding. As in
+llama.cpp, the draftless source takes precedence when it has a draft. The draft model catches up
+on the tokens such rounds committed when it next drafts (one batched forward).
+
 Adaptive depth (``adaptive=True``) follows the seeds' doc 95 design: per-position acceptance
 estimated with decayed Beta counts, per-depth round costs (medians of measured rounds), optimism
 for depths not tried yet, 5% hysteresis (PYMINFER_ADAPTIVE_HYSTERESIS), d = 0 (plain decoding)
@@ -32,6 +39,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from .engine import ContextFull, Model
+from .ngram import NgramIndex, NgramSpec
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -221,20 +229,37 @@ def adaptive_hysteresis() -> float:
 
 
 class SpecDecoder:
-    """Token source for generate_stream: target + draft, fixed or adaptive depth.
+    """Token source for generate_stream: target + draft model (fixed or adaptive depth) and/or
+    n-gram drafts (``ngram``); at least one of ``draft`` and ``ngram`` must be given.
 
     Raises VocabMismatch at construction for an incompatible draft; ValueError for a depth outside
-    0..MAX_DEPTH (deeper verify batches are not bitwise on every backend).
+    0..MAX_DEPTH (deeper verify batches are not bitwise on every backend), for adaptive depth
+    without a draft model, or for no draft source at all.
     """
 
-    def __init__(self, target: Model, draft: Model, sampler: Sampler, *, draft_n: int = 4, adaptive: bool = False):
+    def __init__(self, target: Model, draft: Model | None, sampler: Sampler, *, draft_n: int = 4,
+                 adaptive: bool = False, ngram: NgramSpec | None = None):
+        if draft is None and ngram is None:
+            raise ValueError("speculative decoding needs a draft model or n-gram drafts (--spec-type ngram-simple)")
+        if draft is None and adaptive:
+            raise ValueError("--spec-draft-adaptive needs a draft model (--spec-draft MODEL)")
+        if ngram is not None and ngram.m + 1 > target.max_nt:
+            raise ValueError(f"the target's batch size max_nt (-ub/--ubatch-size, n_ubatch) {target.max_nt} is too "
+                             f"small for --spec-ngram-size-m {ngram.m}: a verify forward takes {ngram.m + 1} tokens")
+        if draft is None:
+            draft_n = 0
         if not 0 <= draft_n <= MAX_DEPTH:
             raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {draft_n}")
         if draft_n + 1 > target.max_nt:
             raise ValueError(f"the target's batch size max_nt (-ub/--ubatch-size, n_ubatch) {target.max_nt} is too "
                              f"small for {draft_n} draft tokens a round: a verify forward takes {draft_n + 1} tokens")
-        check_vocab_compat(target.tokenizer, draft.tokenizer)
+        if draft is not None:
+            check_vocab_compat(target.tokenizer, draft.tokenizer)
         self.target, self.draft, self.sampler = target, draft, sampler
+        self.ngram_spec = ngram
+        self.ngram_rounds = 0  # rounds whose draft came from the n-gram lookup
+        self.ngram_drafted = 0
+        self.ngram_accepted = 0
         self.draft_n = draft_n
         max_d = min(MAX_DEPTH, target.max_nt - 1)  # the verify batch (d + 1 rows) must fit one forward
         self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1),
@@ -271,7 +296,7 @@ class SpecDecoder:
         d_valid = min(draft_n_past, len(prompt_ids) - 1)  # draft K/V valid for hist[:d_valid]
         # The draft reads the prompt now, not in the first round: a round's draft time must be the
         # per-step cost the adaptive depth model assumes.
-        if len(hist) < D.n_ctx:
+        if D is not None and len(hist) < D.n_ctx:
             D.prefill(hist[d_valid:], d_valid, logits=False)
             d_valid = len(hist)
         self.draft_n_past = d_valid
@@ -282,6 +307,7 @@ class SpecDecoder:
         self.emitted += 1
         yield tok
         last_round: tuple[int, int, float, float, float] | None = None  # for the adaptive model
+        index = NgramIndex(self.ngram_spec) if self.ngram_spec is not None else None
         while True:
             p = len(hist) - 1  # position of the last committed token, not yet in the target cache
             if p >= n_ctx:
@@ -290,22 +316,29 @@ class SpecDecoder:
             if self.adaptive and last_round is not None:  # its wall time includes the consumer's work
                 ld, la, ldr, lve, lstart = last_round
                 self.adaptive.update(ld, la, ldr, lve, ta - lstart)
-            d = self.adaptive.choose() if self.adaptive else self.draft_n
-            d = max(0, min(d, n_ctx - 1 - p, D.n_ctx - 1 - p))
-            if self.max_tokens is not None:  # a round yields <= d + 1 tokens; draft no more than needed
-                d = max(0, min(d, self.max_tokens - self.emitted - 1))
-            if self.adaptive:
-                self.adaptive.cur = self.adaptive.history[-1] = d  # record what ran, not what was asked
-            drafts: list[int] = []
+            room = n_ctx - 1 - p  # a round yields <= d + 1 tokens: no drafting past the context or
+            if self.max_tokens is not None:  # past what the caller will take
+                room = min(room, self.max_tokens - self.emitted - 1)
+            drafts: list[int] = index.propose(hist, room) if index is not None else []
+            from_ngram = bool(drafts)
             td = time.perf_counter()
-            if d > 0:
-                pending = hist[d_valid:]
-                y = int(D.prefill(pending, d_valid, logits=False)[0])
-                drafts.append(y)
-                for i in range(1, d):
-                    y = int(D.forward([y], p + i, [0], logits=False)[0])
+            catch_up = 0
+            if from_ngram:
+                d = len(drafts)
+            else:
+                d = self.adaptive.choose() if self.adaptive else self.draft_n
+                d = max(0, min(d, room, D.n_ctx - 1 - p)) if D is not None else 0
+                if self.adaptive:
+                    self.adaptive.cur = self.adaptive.history[-1] = d  # record what ran, not what was asked
+                if d > 0:
+                    pending = hist[d_valid:]
+                    catch_up = len(pending)
+                    y = int(D.prefill(pending, d_valid, logits=False)[0])
                     drafts.append(y)
-                d_valid = p + d  # the draft saw hist[-1] at p and drafts[:d-1] at p+1..p+d-1
+                    for i in range(1, d):
+                        y = int(D.forward([y], p + i, [0], logits=False)[0])
+                        drafts.append(y)
+                    d_valid = p + d  # the draft saw hist[-1] at p and drafts[:d-1] at p+1..p+d-1
             tb = time.perf_counter()
             rows = T.forward([hist[-1]] + drafts, p, list(range(d + 1)), logits=need)
             tc = time.perf_counter()
@@ -320,14 +353,21 @@ class SpecDecoder:
                     break
                 self.accepted_at[i + 1] += 1
             a = len(emitted) - 1
-            if d > 0:
+            if d > 0 and not from_ngram:
                 d_valid = min(d_valid, p + 1 + a)  # the draft's rows past the accepted prefix are stale
+            if from_ngram:
+                self.ngram_rounds += 1
+                self.ngram_drafted += d
+                self.ngram_accepted += a
             self.draft_n_past = d_valid
             self.rounds += 1
             self.depths.append(d)
             self.draft_s += tb - td
             self.verify_s += tc - tb
-            last_round = (d, a, tb - td, tc - tb, ta)
+            # The adaptive model learns from draft-model rounds of the usual shape only: an n-gram
+            # round costs no draft steps, and a round that first caught the draft up on more than the
+            # usual 1-2 tokens (after n-gram rounds) has a longer first draft step.
+            last_round = (d, a, tb - td, tc - tb, ta) if not from_ngram and catch_up <= 2 else None
             for z in emitted:
                 hist.append(z)
                 self.emitted += 1
@@ -336,8 +376,9 @@ class SpecDecoder:
     def spec_stats(self) -> dict[str, Any]:
         """Rounds, drafted/accepted counts (total and per draft position), acceptance, mean
         accepted length, tokens per round, draft and verify seconds, depths used (mean, and rounds
-        per depth 0..8). Counts cover whole rounds, including tokens of the last round the caller
-        did not consume."""
+        per depth 0..8), and the n-gram rounds' share of those. Counts cover whole rounds, including
+        tokens of the last round the caller did not consume; depths and counts include both draft
+        sources (an n-gram round's depth is the number of tokens it proposed)."""
         drafted = int(self.drafted_at.sum())
         accepted = int(self.accepted_at.sum())
         n = max(len(self.depths), 1)
@@ -359,4 +400,9 @@ class SpecDecoder:
             "depth_counts": [self.depths.count(d) for d in range(MAX_DEPTH + 1)],  # rounds run at d = 0..8
             "adaptive": self.adaptive is not None,
             "draft_n_past": self.draft_n_past,
+            # n-gram drafts (counted in the totals above too): rounds that used one, tokens drafted / accepted
+            "ngram": self.ngram_spec is not None,
+            "ngram_rounds": self.ngram_rounds,
+            "ngram_drafted": self.ngram_drafted,
+            "ngram_accepted": self.ngram_accepted,
         }
