@@ -6,6 +6,7 @@
 #   device: for each chunk, copy it alone into .carry/ and call `bash bench/gpu_real.sh add`
 #           (carry [".carry"]; golden JSON files may ride along in .carry/golden/)
 #           then `bash bench/gpu_real.sh run [pytest args]`
+#   The speculative bench: adaptive, d = 3, d = 5, adaptive with n-gram drafts first, n-gram drafts alone.
 #   HYST=0.02: the adaptive bench again under PYMINFER_ADAPTIVE_HYSTERESIS=0.02 (an A/B of the
 #   controller's switch margin, default 0.05).
 #   SYNTH=7b,14b: also write those synthetic shapes there (`pyminfer synth`, 20-40 s each, the
@@ -49,10 +50,12 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     python3 -m pyminfer bench -m "$m" -p 512 -n 128 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
   done
   python3 -m pyminfer bench -m "$T" --verify-curve --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
-  for mode in "--spec-draft-adaptive" "--spec-draft-n 3" "--spec-draft-n 5"; do
+  for mode in "--spec-draft-adaptive" "--spec-draft-n 3" "--spec-draft-n 5" "--spec-draft-adaptive --spec-type ngram-simple"; do
     echo "== spec $mode"
     python3 -m pyminfer bench -m "$T" --spec-draft "$D" $mode -n 256 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
   done
+  echo "== spec --spec-type ngram-simple (no draft model)"
+  python3 -m pyminfer bench -m "$T" --spec-type ngram-simple -n 256 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
   for h in ${HYST//,/ }; do  # HYST=0.02,...: adaptive again under PYMINFER_ADAPTIVE_HYSTERESIS=h
     echo "== spec --spec-draft-adaptive, PYMINFER_ADAPTIVE_HYSTERESIS=$h"
     PYMINFER_ADAPTIVE_HYSTERESIS=$h python3 -m pyminfer bench -m "$T" --spec-draft "$D" --spec-draft-adaptive -n 256 -r 3 \
