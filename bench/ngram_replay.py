@@ -1,0 +1,104 @@
+"""Replay draft sources on the real pair's greedy replies with measured costs: plain decoding, the
+draft model at fixed depth, n-gram drafts (pyminfer.ngram, --spec-type ngram-simple) alone, and
+n-gram drafts tried before the draft model. CPU only, seconds; an estimate, not a measurement.
+
+Data (bench/greedy_real_pair.json): per prompt, the 1.5B target's 256 greedy ids and whether the
+0.5B draft's greedy choice on each prefix agrees. A draft-model round at depth d from token i accepts
+the run of agreements from i (up to d); an n-gram round accepts the proposal's prefix that equals
+the target's reply. Replies are cut at the first end-of-generation token. Costs (ms, defaults: the
+H200, docs/perf.md session 15): the target's C_T(nt), the draft's C_D(nt) (a first draft step
+feeds every committed token the draft has not seen: 1-2 after a drafting round, more after n-gram
+rounds), host work a forward.
+
+    python3 bench/ngram_replay.py [--ct ...] [--cd ...] [--n 3] [--m 5] [--d 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pyminfer.ngram import NgramIndex, NgramSpec
+
+DATA = Path(__file__).with_name("greedy_real_pair.json")
+EOS = {151643, 151645}
+CT_H200 = "1.003,1.131,1.311,1.447,1.568,1.737,1.869,1.931,2.657"  # real 1.5B, nt = 1..9 (session 15)
+CD_H200 = "0.605,0.665,0.725,0.785,0.867,0.949,1.030,1.112"  # 0.5B shape, nt = 1..8 (nt 1 / 4 / 8 measured)
+
+
+def replay(item: dict, mode: str, a: argparse.Namespace) -> float:
+    """Milliseconds to produce the reply (after its first token) under ``mode``: 'plain', 'draft',
+    'ngram' or 'both'."""
+    ct = [0.0] + [float(x) for x in a.ct.split(",")]
+    cd = [0.0] + [float(x) for x in a.cd.split(",")]
+    gen = item["gen"]
+    n = next((i + 1 for i, t in enumerate(gen) if t in EOS), len(gen))
+    agree = [c == "1" for c in item["agree"]]
+    hist = list(item["prompt"]) + gen[:1]
+    index = NgramIndex(NgramSpec(n=a.n, m=a.m)) if mode in ("ngram", "both") else None
+    j, t, behind = 1, 0.0, 1  # gen[:j] committed; tokens the draft has not seen
+    while j < n:
+        props = index.propose(hist, n - j - 1) if index else []
+        if props:
+            acc = 0
+            while acc < len(props) and props[acc] == gen[j + acc]:
+                acc += 1
+            t += ct[len(props) + 1] + a.host
+            behind += acc + 1
+        elif mode in ("draft", "both") and a.d > 0:
+            d = min(a.d, n - j - 1)
+            if d == 0:
+                t += ct[1] + a.host
+                acc = 0
+                behind += 1
+            else:
+                first = cd[min(behind, 8)] + max(behind - 8, 0) * a.catchup  # feeds the unseen tokens
+                t += first + (d - 1) * cd[1] + ct[d + 1] + (d + 1) * a.host
+                acc = 0
+                while acc < d and agree[j + acc]:
+                    acc += 1
+                behind = 2 if acc == d else 1
+        else:
+            t += ct[1] + a.host
+            acc = 0
+            behind += 1
+        hist += gen[j:j + acc + 1]
+        j += acc + 1
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ct", default=CT_H200, help="target C_T(nt) ms, nt = 1..9")
+    ap.add_argument("--cd", default=CD_H200, help="draft C_D(nt) ms, nt = 1..8")
+    ap.add_argument("--catchup", type=float, default=0.014, help="ms a draft step costs per fed token beyond 8")
+    ap.add_argument("--host", type=float, default=0.03, help="host ms a forward")
+    ap.add_argument("--n", type=int, default=3, help="--spec-ngram-size-n")
+    ap.add_argument("--m", type=int, default=5, help="--spec-ngram-size-m")
+    ap.add_argument("--d", type=int, default=3, help="draft-model depth")
+    a = ap.parse_args()
+    if len(a.ct.split(",")) != 9 or len(a.cd.split(",")) != 8:
+        ap.error("--ct wants 9 numbers (nt = 1..9), --cd 8 (nt = 1..8)")
+    NgramSpec(n=a.n, m=a.m)  # range checks
+    modes = ["draft", "ngram", "both"]
+    print(f"speedup over plain decoding (replayed; draft d = {a.d}, n-gram n = {a.n}, m = {a.m})")
+    print("| category | prompt | " + " | ".join(modes) + " |")
+    print("|---|---|" + "---|" * len(modes))
+    tot: dict[str, dict[str, list[float]]] = {}
+    for it in json.loads(DATA.read_text())["prompts"]:
+        base = replay(it, "plain", a)
+        row = [base / replay(it, m, a) for m in modes]
+        cat = "code" if it["cat"] == "code" else "other"
+        for m, v in zip(modes, [replay(it, m, a) for m in modes]):
+            tot.setdefault(cat, {}).setdefault(m, [0.0, 0.0])
+            tot[cat][m][0] += base
+            tot[cat][m][1] += v
+        text = it["text"][:36].replace("\n", " ")
+        print(f"| {it['cat']} ({it['src']}) | {text} | " + " | ".join(f"{x:.2f}" for x in row) + " |")
+    for cat, d in tot.items():
+        print(f"| all {cat} | | " + " | ".join(f"{d[m][0] / d[m][1]:.2f}" for m in modes) + " |")
+
+
+if __name__ == "__main__":
+    main()
