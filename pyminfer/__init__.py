@@ -9,3 +9,4 @@ import os
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 from .api import LLM  # noqa: E402,F401  (imports no server dependency)
+from .ngram import NgramSpec  # noqa: E402,F401  (LLM(spec_ngram=NgramSpec(n, m)))
