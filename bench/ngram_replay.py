@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from pyminfer.ngram import NgramIndex, NgramSpec
+from pyminfer.spec import MAX_DEPTH, AdaptiveDepth
 
 DATA = Path(__file__).with_name("greedy_real_pair.json")
 EOS = {151643, 151645}
@@ -27,9 +28,10 @@ CT_H200 = "1.003,1.131,1.311,1.447,1.568,1.737,1.869,1.931,2.657"  # real 1.5B, 
 CD_H200 = "0.605,0.665,0.725,0.785,0.867,0.949,1.030,1.112"  # 0.5B shape, nt = 1..8 (nt 1 / 4 / 8 measured)
 
 
-def replay(item: dict, mode: str, a: argparse.Namespace) -> float:
+def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False) -> float:
     """Milliseconds to produce the reply (after its first token) under ``mode``: 'plain', 'draft',
-    'ngram' or 'both'."""
+    'ngram' or 'both'; ``adaptive``: the draft model's depth from pyminfer.spec.AdaptiveDepth
+    (fed as the loop feeds it: draft-model rounds that caught up on <= 2 tokens), else a.d."""
     ct = [0.0] + [float(x) for x in a.ct.split(",")]
     cd = [0.0] + [float(x) for x in a.cd.split(",")]
     gen = item["gen"]
@@ -38,7 +40,12 @@ def replay(item: dict, mode: str, a: argparse.Namespace) -> float:
     hist = list(item["prompt"]) + gen[:1]
     index = NgramIndex(NgramSpec(n=a.n, m=a.m)) if mode in ("ngram", "both") else None
     j, t, behind = 1, 0.0, 1  # gen[:j] committed; tokens the draft has not seen
+    ctl = AdaptiveDepth(max_depth=MAX_DEPTH, start=max(a.d, 1)) if adaptive else None
+    last = None
     while j < n:
+        if ctl and last:
+            ctl.update(*last)
+        last = None
         props = index.propose(hist, n - j - 1) if index else []
         if props:
             acc = 0
@@ -46,18 +53,24 @@ def replay(item: dict, mode: str, a: argparse.Namespace) -> float:
                 acc += 1
             t += ct[len(props) + 1] + a.host
             behind += acc + 1
-        elif mode in ("draft", "both") and a.d > 0:
-            d = min(a.d, n - j - 1)
+        elif mode in ("draft", "both") and (a.d > 0 or ctl):
+            d = min(ctl.choose() if ctl else a.d, n - j - 1)
+            if ctl:
+                ctl.cur = ctl.history[-1] = d
             if d == 0:
                 t += ct[1] + a.host
                 acc = 0
                 behind += 1
+                last = (0, 0, 0.0, ct[1] / 1e3, (ct[1] + a.host) / 1e3)
             else:
                 first = cd[min(behind, 8)] + max(behind - 8, 0) * a.catchup  # feeds the unseen tokens
-                t += first + (d - 1) * cd[1] + ct[d + 1] + (d + 1) * a.host
+                dr = first + (d - 1) * cd[1]
+                t += dr + ct[d + 1] + (d + 1) * a.host
                 acc = 0
                 while acc < d and agree[j + acc]:
                     acc += 1
+                if behind <= 2:
+                    last = (d, acc, dr / 1e3, ct[d + 1] / 1e3, (dr + ct[d + 1] + (d + 1) * a.host) / 1e3)
                 behind = 2 if acc == d else 1
         else:
             t += ct[1] + a.host
@@ -81,16 +94,17 @@ def main() -> None:
     if len(a.ct.split(",")) != 9 or len(a.cd.split(",")) != 8:
         ap.error("--ct wants 9 numbers (nt = 1..9), --cd 8 (nt = 1..8)")
     NgramSpec(n=a.n, m=a.m)  # range checks
-    modes = ["draft", "ngram", "both"]
+    modes = ["draft", "ngram", "both", "draft+adaptive", "both+adaptive"]
     print(f"speedup over plain decoding (replayed; draft d = {a.d}, n-gram n = {a.n}, m = {a.m})")
     print("| category | prompt | " + " | ".join(modes) + " |")
     print("|---|---|" + "---|" * len(modes))
     tot: dict[str, dict[str, list[float]]] = {}
     for it in json.loads(DATA.read_text())["prompts"]:
         base = replay(it, "plain", a)
-        row = [base / replay(it, m, a) for m in modes]
+        times = [replay(it, m.split("+")[0], a, m.endswith("+adaptive")) for m in modes]
+        row = [base / v for v in times]
         cat = "code" if it["cat"] == "code" else "other"
-        for m, v in zip(modes, [replay(it, m, a) for m in modes]):
+        for m, v in zip(modes, times):
             tot.setdefault(cat, {}).setdefault(m, [0.0, 0.0])
             tot[cat][m][0] += base
             tot[cat][m][1] += v
