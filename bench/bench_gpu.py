@@ -144,8 +144,6 @@ def prefill(ctx, n, nt=64, start=0):
         ctx.forward(np.full(k, 7, dtype=np.int32), np.arange(p0, p0 + k, dtype=np.int32), rows)
 
 
-
-
 def main():
     from pyminfer import _core
 

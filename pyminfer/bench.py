@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .engine import INT_MAX, Model, log
+from .ngram import NgramSpec
 
 BENCH_PROMPTS = [
     ("code", "Write a Python function that checks whether a string is a palindrome."),
@@ -106,18 +107,17 @@ def _fmt(v: list[float]) -> str:
     return f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.2f}"
 
 
-def bench_spec(target: Model, draft: Model | None, args: argparse.Namespace) -> list[dict[str, Any]]:
+def bench_spec(target: Model, draft: Model | None, args: argparse.Namespace,
+               ngram: NgramSpec | None = None) -> list[dict[str, Any]]:
     """Speculative vs sequential on BENCH_PROMPTS, interleaved, with the cost-model prediction.
 
-    ``draft`` None: n-gram drafts only (--spec-type ngram-simple). The prediction charges
-    C_T(d + 1) at the mean depth plus one draft step C_D(1) per token the draft model proposed
-    (n-gram drafts cost no forward)."""
-    from .cli import _ngram
+    ``ngram``: n-gram drafts (--spec-type ngram-simple), tried before ``draft`` each round;
+    ``draft`` None: n-gram drafts only. The prediction charges C_T(d + 1) at the mean depth plus
+    one draft step C_D(1) per token the draft model proposed (n-gram drafts cost no forward)."""
     from .generate import generate
     from .sampling import SamplingParams
     from .spec import MAX_DEPTH
 
-    ngram = _ngram(args)
     ct = verify_curve(target, max_nt=MAX_DEPTH + 1, reps=5)  # every verify width a round can use
     cd = verify_curve(draft, max_nt=1, reps=5)[1] if draft is not None else 0.0
     rows = []
@@ -167,10 +167,11 @@ def main_bench(args: argparse.Namespace) -> int:
     info = {"model": path.name, "size_GiB": m.gguf.weight_bytes / 2**30, "type": m.gguf.file_type, "device": m.device}
     from .cli import _ngram
 
-    if args.spec_draft or _ngram(args) is not None:
+    ngram = _ngram(args)
+    if args.spec_draft or ngram is not None:
         d = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=m.n_ctx, n_threads=args.threads,
                   max_nt=args.ubatch_size) if args.spec_draft else None
-        rows = bench_spec(m, d, args)
+        rows = bench_spec(m, d, args, ngram)
         _emit([{**info, **r} for r in rows], args.output)
         return 0
     if args.verify_curve:

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Sequence
 
 from .engine import ContextFull, log
 from .generate import Chunk, GenerationResult, generate_stream
+from .ngram import NgramSpec
 from .sampling import SamplingParams
 
 HELP = "commands: /clear (new conversation), /exit (quit; or Ctrl-D); Ctrl-C stops a reply"
@@ -42,14 +43,14 @@ class ChatSession:
 
     def __init__(self, model: Any, draft: Any = None, *, params: SamplingParams | None = None,
                  max_tokens: int = 1024, system: str | None = None, spec_draft_n: int = 4,
-                 spec_adaptive: bool = False, spec_ngram: Any = None):
+                 spec_adaptive: bool = False, spec_ngram: NgramSpec | None = None):
         self.model, self.draft = model, draft
         self.tok = model.tokenizer
         self.params = params or SamplingParams()
         self.max_tokens = max_tokens
         self.system = system
         self.spec_draft_n, self.spec_adaptive = spec_draft_n, spec_adaptive
-        self.spec_ngram = spec_ngram  # pyminfer.ngram.NgramSpec or None
+        self.spec_ngram = spec_ngram
         self.clear()
 
     def clear(self) -> None:

@@ -234,11 +234,14 @@ class SpecDecoder:
 
     Raises VocabMismatch at construction for an incompatible draft; ValueError for a depth outside
     0..MAX_DEPTH (deeper verify batches are not bitwise on every backend), for adaptive depth
-    without a draft model, or for no draft source at all.
+    without a draft model, or for no draft source at all; TypeError for an ``ngram`` that is not
+    a NgramSpec.
     """
 
     def __init__(self, target: Model, draft: Model | None, sampler: Sampler, *, draft_n: int = 4,
                  adaptive: bool = False, ngram: NgramSpec | None = None):
+        if ngram is not None and not isinstance(ngram, NgramSpec):
+            raise TypeError(f"ngram must be a pyminfer.NgramSpec or None, got {type(ngram).__name__}")
         if draft is None and ngram is None:
             raise ValueError("speculative decoding needs a draft model or n-gram drafts (--spec-type ngram-simple)")
         if draft is None and adaptive:
