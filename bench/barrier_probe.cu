@@ -2,7 +2,8 @@
 // persistent kernel and (b) one more kernel in a graph-captured chain, with and without
 // programmatic dependent launch (PDL). Decides whether a persistent decode kernel (one launch a
 // token, barriers between the phases of a layer) can beat the chain of ~8 launches a layer
-// (docs/perf.md, session 10). Each step reads a 1536-float vector the previous step wrote and
+// (docs/perf.md, session 10), and, last, whether the cost of a launch is per block or per warp
+// (session 16). Each step reads a 1536-float vector the previous step wrote and
 // writes the next, so the dependency is real.
 //   nvcc -O3 -arch=sm_90 -o /tmp/barrier_probe bench/barrier_probe.cu && /tmp/barrier_probe
 #include <cuda_runtime.h>
@@ -142,6 +143,23 @@ int main() {
                         launch(one_step, grid, 128, s, ser, pdl, k & 1 ? b : a, k & 1 ? a : b, work);
                 });
             printf("launch chain%s, %5d blocks x 128   %8.2f %8.2f\n", pdl ? " + PDL" : "      ", grid, us[0], us[1]);
+        }
+    }
+    // Same warps, fewer blocks: is the launch floor per block or per warp? (decides whether the
+    // mat-vecs' 128-thread blocks should serve more rows each; docs/perf.md, session 16)
+    for (int total : {sms * 16 * 128, sms * 8 * 128, sms * 32 * 128}) {
+        for (int threads : {64, 128, 256, 512, 1024}) {
+            const int grid = total / threads;
+            cudaLaunchAttribute ser = {};
+            ser.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            ser.val.programmaticStreamSerializationAllowed = 1;
+            float us[2];
+            for (int work = 0; work < 2; work++)
+                us[work] = us_per_step(s, steps, reps, [&] {
+                    for (int k = 0; k < steps; k++)
+                        launch(one_step, grid, threads, s, ser, 1, k & 1 ? b : a, k & 1 ? a : b, work);
+                });
+            printf("PDL chain, %7d threads: %5d blocks x %4d %8.2f %8.2f\n", total, grid, threads, us[0], us[1]);
         }
     }
     return 0;
