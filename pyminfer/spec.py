@@ -101,9 +101,17 @@ class AdaptiveDepth:
     A depth not run yet is priced from its parts: the target's nt = d+1 forward, d draft steps
     and the measured per-round remainder. Seeds' doc 95 design: optimism for untried depths
     (Beta(1.6, 0.4) prior on acceptance), hysteresis against flapping, d = 0 allowed.
+
+    Probing: a depth d only observes draft positions 1..d, so after ``probe_min`` rounds at the
+    same depth d >= 1 one round runs at d + 1, the gap doubling up to ``probe_max`` while probes
+    neither move the depth nor see their extra position accepted (``probe_min`` = 0: never). Without it a controller that once saw a low
+    acceptance at position d + 1 never learns that it rose (the H200, session 15: d = 1 for a
+    whole reply where d = 3 was 5% faster). Not from d = 0: a probe there would first feed the
+    draft every token since it last drafted, which cost more than it found (bench/ngram_replay.py).
     """
 
-    def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.05):
+    def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.05,
+                 probe_min: int = 16, probe_max: int = 128):
         self.max_depth = max_depth
         self.decay = decay
         self.hysteresis = hysteresis
@@ -119,6 +127,11 @@ class AdaptiveDepth:
         self.hold = 0  # rounds left to stay at d = 0 without re-evaluating
         self.start = min(start, max_depth)
         self.history: list[int] = []
+        self.probe_min, self.probe_max = probe_min, probe_max
+        self.probe_gap = probe_min  # rounds at one depth before its next probe
+        self.steady = 0  # rounds chosen at the current depth since the last move or probe
+        self.probe_from: int | None = None  # the depth a probe round left, until the next choice
+        self.probe_hit = False  # whether the last probe's extra draft position was accepted
 
     def verify_table(self) -> list[float | None]:
         """Seconds of one nt-row target forward for nt = 0..max_depth + 1 (index 0 unused): the
@@ -190,21 +203,38 @@ class AdaptiveDepth:
             d = 0
         else:
             rates = self.rates()
+            base = self.cur if self.probe_from is None else self.probe_from  # a probe is not a move
             best = max(range(len(rates)), key=rates.__getitem__)  # first of equal maxima
-            d = best if rates[best] > rates[self.cur] * (1.0 + self.hysteresis) else self.cur
+            d = best if rates[best] > rates[base] * (1.0 + self.hysteresis) else base
+            if self.probe_from is not None:  # probe less often after probes that found nothing
+                found = d != base or self.probe_hit
+                self.probe_gap = self.probe_min if found else min(2 * self.probe_gap, self.probe_max)
+                self.probe_from = None
+            if d != base:
+                self.steady = 0
             self.hold = 7 if d == 0 else 0
+        if self.probe_min and len(self.history) > 2 and 0 < d < self.max_depth:
+            self.steady += 1
+            if self.steady >= self.probe_gap:
+                self.probe_from, self.steady = d, 0
+                d += 1
         self.cur = d
         self.history.append(d)
         return d
 
-    def update(self, d: int, n_accepted: int, draft_s: float, verify_s: float, round_s: float | None = None) -> None:
+    def update(self, d: int, n_accepted: int, draft_s: float, verify_s: float, round_s: float | None = None,
+               costs: bool = True) -> None:
         """Record a finished round: depth d, accepted drafts, draft and verify seconds and, when
         known, its whole wall time start to start. Positions 1..min(n_accepted + 1, d) were
-        observed (accepted, then the first rejection)."""
-        self.verify_cost[d + 1].append(verify_s)
-        if d:
+        observed (accepted, then the first rejection). ``costs=False``: only the acceptance counts
+        (a round whose draft first caught up on many tokens costs more than a usual one)."""
+        if self.probe_from is not None:
+            self.probe_hit = n_accepted >= d  # (the probe is the last round chosen)
+        if costs:
+            self.verify_cost[d + 1].append(verify_s)
+        if d and costs:
             self.draft_step.append(draft_s / d)
-        if round_s is not None:
+        if round_s is not None and costs:
             self.round_cost[d].append(round_s)
             self.remainder.append(max(round_s - draft_s - verify_s, 0.0))
         for i in range(1, min(n_accepted + 1, d) + 1):
@@ -309,7 +339,7 @@ class SpecDecoder:
         hist.append(tok)
         self.emitted += 1
         yield tok
-        last_round: tuple[int, int, float, float, float] | None = None  # for the adaptive model
+        last_round: tuple[int, int, float, float, float, bool] | None = None  # for the adaptive model
         index = NgramIndex(self.ngram_spec) if self.ngram_spec is not None else None
         while True:
             p = len(hist) - 1  # position of the last committed token, not yet in the target cache
@@ -317,8 +347,8 @@ class SpecDecoder:
                 raise ContextFull(f"context full at n_ctx={n_ctx}")
             ta = time.perf_counter()
             if self.adaptive and last_round is not None:  # its wall time includes the consumer's work
-                ld, la, ldr, lve, lstart = last_round
-                self.adaptive.update(ld, la, ldr, lve, ta - lstart)
+                ld, la, ldr, lve, lstart, lcosts = last_round
+                self.adaptive.update(ld, la, ldr, lve, ta - lstart, costs=lcosts)
             room = n_ctx - 1 - p  # a round yields <= d + 1 tokens: no drafting past the context or
             if self.max_tokens is not None:  # past what the caller will take
                 room = min(room, self.max_tokens - self.emitted - 1)
@@ -367,10 +397,10 @@ class SpecDecoder:
             self.depths.append(d)
             self.draft_s += tb - td
             self.verify_s += tc - tb
-            # The adaptive model learns from draft-model rounds of the usual shape only: an n-gram
-            # round costs no draft steps, and a round that first caught the draft up on more than the
-            # usual 1-2 tokens (after n-gram rounds) has a longer first draft step.
-            last_round = (d, a, tb - td, tc - tb, ta) if not from_ngram and catch_up <= 2 else None
+            # The adaptive model learns from draft-model rounds only (an n-gram round costs no draft
+            # steps), and its costs only from rounds of the usual shape: one that first caught the
+            # draft up on more than the usual 1-2 tokens (after n-gram rounds) has a longer first step.
+            last_round = (d, a, tb - td, tc - tb, ta, catch_up <= 2) if not from_ngram else None
             for z in emitted:
                 hist.append(z)
                 self.emitted += 1

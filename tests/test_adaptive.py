@@ -112,3 +112,42 @@ def test_lower_hysteresis_still_close_to_best(p, monkeypatch):
     monkeypatch.setattr(AdaptiveDepth, "__init__", init)
     got, used = simulate(p, None)
     assert got >= 0.98 * best, (p, best, got, used[-20:])
+
+
+
+def _simulate_shift(probe_min: int | None, depth: int = 0, n_rounds: int = 1500, shift: int = 300,
+                    c_d: float = 0.45e-3, seed: int = 1) -> tuple[float, list[int]]:
+    """Tokens per second after round ``shift`` of a run (adaptive with ``probe_min``, or at fixed
+    ``depth`` where probe_min is None) whose conditional acceptance is 0.9 at draft position 1 and
+    0.2 beyond it for the first ``shift`` rounds, then 0.95 everywhere (a reply that turns
+    predictable); a draft step of ``c_d`` seconds (cheap enough that depths >= 3 pay clearly)."""
+    rng = random.Random(seed)
+    ctl = AdaptiveDepth(probe_min=probe_min) if probe_min is not None else None
+    t, tokens, last, used = 0.0, 0, None, []
+    for r in range(n_rounds):
+        if ctl and last:
+            ctl.update(*last)
+        d = ctl.choose() if ctl else depth
+        used.append(d)
+        a = 0
+        while a < d and rng.random() < (0.95 if r >= shift else 0.9 if a == 0 else 0.2):
+            a += 1
+        draft_s, verify_s = d * c_d, C_T1 * CURVE[d]
+        round_s = draft_s + verify_s + REM_ROUND + (a + 1) * REM_TOKEN
+        last = (d, a, draft_s, verify_s, round_s)
+        if r >= shift:
+            t += round_s
+            tokens += a + 1
+    return tokens / t, used
+
+
+def test_probing_finds_depths_that_became_worth_it():
+    """At d = 1 the controller observes only draft position 1; without probes it keeps the low
+    acceptance it once saw at position 2 forever (the H200's sort prompt, session 15). A probe
+    round at d + 1 every probe_min..probe_max rounds finds the change."""
+    best = max(_simulate_shift(None, depth=d)[0] for d in range(MAX_DEPTH + 1))
+    stuck, used0 = _simulate_shift(probe_min=0)
+    assert used0[-200:].count(1) == 200, used0[-40:]  # the failure mode probing exists for
+    got, used = _simulate_shift(probe_min=16)
+    assert got >= 0.95 * best and got > 1.1 * stuck, (got, best, stuck, used[-40:])
+    assert min(used[-200:]) >= 2, used[-40:]
