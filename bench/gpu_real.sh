@@ -8,7 +8,9 @@
 #           then `bash bench/gpu_real.sh run [pytest args]`
 #   The speculative bench: adaptive, d = 3, d = 5, adaptive with n-gram drafts first, n-gram drafts alone.
 #   HYST=0.02: the adaptive bench again under PYMINFER_ADAPTIVE_HYSTERESIS=0.02 (an A/B of the
-#   controller's switch margin, default 0.05).
+#   controller's switch margin, default 0.05). PROBE=0: again under PYMINFER_ADAPTIVE_PROBE=0 (no
+#   depth probes). MODES="--spec-draft-adaptive;...": the speculative modes to bench (default: the
+#   five above); BASE=0 skips tg / pp and the verify curve; NGRAM=0 skips the n-gram-alone bench.
 #   SYNTH=7b,14b: also write those synthetic shapes there (`pyminfer synth`, 20-40 s each, the
 #   tokenizer from the carried 0.5B; a file already there from an earlier call is reused: writes
 #   are atomic, so it is complete) and bench them as files: tg128 / pp512 and the verify curve.
@@ -46,19 +48,29 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   T=$M/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf D=$M/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
-  for m in "$T" "$D"; do
-    python3 -m pyminfer bench -m "$m" -p 512 -n 128 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
-  done
-  python3 -m pyminfer bench -m "$T" --verify-curve --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
-  for mode in "--spec-draft-adaptive" "--spec-draft-n 3" "--spec-draft-n 5" "--spec-draft-adaptive --spec-type ngram-simple"; do
+  if [ "${BASE:-1}" != 0 ]; then
+    for m in "$T" "$D"; do
+      python3 -m pyminfer bench -m "$m" -p 512 -n 128 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
+    done
+    python3 -m pyminfer bench -m "$T" --verify-curve --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
+  fi
+  IFS=';' read -r -a modes <<< "${MODES:---spec-draft-adaptive;--spec-draft-n 3;--spec-draft-n 5;--spec-draft-adaptive --spec-type ngram-simple}"
+  for mode in "${modes[@]}"; do
     echo "== spec $mode"
     python3 -m pyminfer bench -m "$T" --spec-draft "$D" $mode -n 256 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
   done
-  echo "== spec --spec-type ngram-simple (no draft model)"
-  python3 -m pyminfer bench -m "$T" --spec-type ngram-simple -n 256 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
+  if [ "${NGRAM:-1}" != 0 ]; then
+    echo "== spec --spec-type ngram-simple (no draft model)"
+    python3 -m pyminfer bench -m "$T" --spec-type ngram-simple -n 256 -r 3 --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
+  fi
   for h in ${HYST//,/ }; do  # HYST=0.02,...: adaptive again under PYMINFER_ADAPTIVE_HYSTERESIS=h
     echo "== spec --spec-draft-adaptive, PYMINFER_ADAPTIVE_HYSTERESIS=$h"
     PYMINFER_ADAPTIVE_HYSTERESIS=$h python3 -m pyminfer bench -m "$T" --spec-draft "$D" --spec-draft-adaptive -n 256 -r 3 \
+      --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
+  done
+  for p in ${PROBE//,/ }; do  # PROBE=0,...: adaptive again under PYMINFER_ADAPTIVE_PROBE=p
+    echo "== spec --spec-draft-adaptive, PYMINFER_ADAPTIVE_PROBE=$p"
+    PYMINFER_ADAPTIVE_PROBE=$p python3 -m pyminfer bench -m "$T" --spec-draft "$D" --spec-draft-adaptive -n 256 -r 3 \
       --device cuda 2>&1 | tee -a "$OUT/bench_real.log"
   done
 fi

@@ -258,6 +258,17 @@ def adaptive_hysteresis() -> float:
     return h
 
 
+def adaptive_probe() -> int:
+    """The adaptive controller's rounds between depth probes: PYMINFER_ADAPTIVE_PROBE (an integer
+    >= 0, 0 = never probe; a tuning knob for A/B runs) or 16. Raises ValueError for a malformed value."""
+    v = os.environ.get("PYMINFER_ADAPTIVE_PROBE")
+    if v is None or v == "":
+        return 16
+    if not v.isdigit():
+        raise ValueError(f"PYMINFER_ADAPTIVE_PROBE={v!r}: want an integer >= 0 (0: never probe)")
+    return int(v)
+
+
 class SpecDecoder:
     """Token source for generate_stream: target + draft model (fixed or adaptive depth) and/or
     n-gram drafts (``ngram``); at least one of ``draft`` and ``ngram`` must be given.
@@ -296,7 +307,7 @@ class SpecDecoder:
         self.draft_n = draft_n
         max_d = min(MAX_DEPTH, target.max_nt - 1)  # the verify batch (d + 1 rows) must fit one forward
         self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1),
-                                      hysteresis=adaptive_hysteresis()) if adaptive else None
+                                      hysteresis=adaptive_hysteresis(), probe_min=adaptive_probe()) if adaptive else None
         self.stats: dict[str, float] = {}
         self.rounds = 0
         self.drafted_at = np.zeros(MAX_DEPTH + 1, np.int64)  # per draft position (1-based)

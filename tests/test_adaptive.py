@@ -151,3 +151,16 @@ def test_probing_finds_depths_that_became_worth_it():
     got, used = _simulate_shift(probe_min=16)
     assert got >= 0.95 * best and got > 1.1 * stuck, (got, best, stuck, used[-40:])
     assert min(used[-200:]) >= 2, used[-40:]
+
+
+def test_probe_knob(monkeypatch):
+    from pyminfer.spec import adaptive_probe
+
+    monkeypatch.delenv("PYMINFER_ADAPTIVE_PROBE", raising=False)
+    assert adaptive_probe() == 16
+    monkeypatch.setenv("PYMINFER_ADAPTIVE_PROBE", "0")
+    assert adaptive_probe() == 0
+    for bad in ("x", "-1", "1.5"):
+        monkeypatch.setenv("PYMINFER_ADAPTIVE_PROBE", bad)
+        with pytest.raises(ValueError, match="PYMINFER_ADAPTIVE_PROBE"):
+            adaptive_probe()
