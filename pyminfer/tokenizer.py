@@ -13,7 +13,7 @@ llama.cpp does around them:
 * ``token_to_piece``: control, unknown and user-defined tokens render as their raw text, normal tokens
   are mapped back from the GPT-2 byte-to-unicode alphabet, unused tokens render as nothing.
 
-GGUF metadata is read with a small mmap-based parser when a path is given (the full
+GGUF metadata is read with pyminfer.gguf_file's mmap-based parser when a path is given (the full
 ``gguf.GGUFReader`` builds one numpy view per string and takes several seconds for a 150k vocab);
 an existing ``gguf.GGUFReader`` is used as is.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -168,93 +167,13 @@ def _byte_decode(text: str) -> bytes:
 # GGUF metadata
 # ---------------------------------------------------------------------------------------------------------
 
-_SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NP_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
-             12: "<f8"}
-_GGUF_STRING = 8
-_GGUF_ARRAY = 9
-
-
 def _parse_gguf_kv(path: str | os.PathLike[str], wanted_prefixes: tuple[str, ...]) -> dict[str, Any] | None:
-    """Parse the key/value section of a little-endian GGUF v2/v3 file; keep keys with a wanted prefix.
+    """The metadata keys with a wanted prefix of a GGUF v2/v3 little-endian file (pyminfer.gguf_file);
+    None for a layout that reader leaves to ``gguf.GGUFReader``. Raises ValueError for a bad file."""
+    from . import gguf_file
 
-    Returns None when the file is in a layout this fast path does not handle (big-endian, GGUF v1), so
-    the caller can fall back to ``gguf.GGUFReader``.
-    """
-    import numpy as np
-
-    unpack_from = struct.unpack_from
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        if mm[:4] != b"GGUF":
-            raise ValueError(f"GGUF magic invalid ({mm[:4]!r})")
-        (version,) = unpack_from("<I", mm, 4)
-        if version not in (2, 3):
-            return None
-        _n_tensors, n_kv = unpack_from("<QQ", mm, 8)
-        off = 24
-        out: dict[str, Any] = {}
-
-        size = len(mm)
-
-        def read_str(o: int) -> tuple[str, int]:
-            (ln,) = unpack_from("<Q", mm, o)
-            o += 8
-            if o + ln > size:  # a slice would silently come back short
-                raise ValueError(f"a string of {ln} bytes at offset {o} runs past the end of the file ({size} bytes)")
-            return mm[o:o + ln].decode("utf-8", errors="replace"), o + ln
-
-        for _ in range(n_kv):
-            key, off = read_str(off)
-            (vtype,) = unpack_from("<I", mm, off)
-            off += 4
-            keep = key.startswith(wanted_prefixes)
-            if vtype == _GGUF_STRING:
-                val, off = read_str(off)
-            elif vtype == _GGUF_ARRAY:
-                atype, n = unpack_from("<IQ", mm, off)
-                off += 12
-                if n > size - off:  # every element takes at least one byte
-                    raise ValueError(f"an array of {n} elements at offset {off} runs past the end of the file "
-                                     f"({size} bytes)")
-                if atype == _GGUF_STRING:
-                    if keep:
-                        items: list[str] = []
-                        append = items.append
-                        for _i in range(n):
-                            (ln,) = unpack_from("<Q", mm, off)
-                            off += 8
-                            if off + ln > size:
-                                raise ValueError(f"a string of {ln} bytes at offset {off} runs past the end of "
-                                                 f"the file ({size} bytes)")
-                            append(mm[off:off + ln].decode("utf-8", errors="replace"))
-                            off += ln
-                        val = items
-                    else:
-                        for _i in range(n):
-                            (ln,) = unpack_from("<Q", mm, off)
-                            off += 8 + ln
-                        val = None
-                elif atype in _NP_DTYPE:
-                    dt = np.dtype(_NP_DTYPE[atype])
-                    val = np.frombuffer(mm, dtype=dt, count=n, offset=off).copy() if keep else None
-                    if keep and atype == 7:
-                        val = val.astype(bool)
-                    off += dt.itemsize * n
-                else:  # nested arrays: not used by any tokenizer key
-                    return None
-            elif vtype in _SCALAR_FMT:
-                fmt = _SCALAR_FMT[vtype]
-                (val,) = unpack_from(fmt, mm, off)
-                off += struct.calcsize(fmt)
-            else:
-                raise ValueError(f"corrupt GGUF metadata: unknown value type {vtype} for key {key!r}")
-            if keep:
-                out[key] = val
-        return out
-    finally:
-        mm.close()
+    h = gguf_file.parse(path, keep=wanted_prefixes, tensors=False)
+    return None if h is None else h.kv
 
 
 def _fields_from_reader(reader: Any, wanted_prefixes: tuple[str, ...]) -> dict[str, Any]:

@@ -1,0 +1,73 @@
+"""pyminfer.gguf_file (the fast GGUF header reader) against the `gguf` package's GGUFReader, the
+reference, on the real files; truncated copies get an error naming what ran past the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyminfer import gguf_file
+from pyminfer.gguf_model import GGUFError, GGUFModel
+
+
+def _same_as_gguf_reader(path: Path) -> None:
+    from gguf import GGUFReader
+
+    h = gguf_file.parse(path)
+    r = GGUFReader(path)
+    assert h is not None and h.data_offset == r.data_offset and h.file_size == path.stat().st_size
+    assert [t.name for t in h.tensors] == [t.name for t in r.tensors]
+    for a, b in zip(h.tensors, r.tensors):
+        assert (a.dims, a.type, a.offset) == (tuple(int(x) for x in b.shape), int(b.tensor_type), int(b.data_offset))
+    keys = [k for k in r.fields if not k.startswith("GGUF.")]
+    assert list(h.kv) == keys
+    for k in keys:
+        want, got = r.fields[k].contents(), h.kv[k]
+        if isinstance(got, np.ndarray):
+            assert np.array_equal(np.asarray(want), got), k
+        else:
+            assert want == got, k
+    # the model load's selection: everything but the tokenizer's keys, the same tensors
+    s = gguf_file.parse(path, skip=("tokenizer.",))
+    assert s is not None and list(s.kv) == [k for k in keys if not k.startswith("tokenizer.")]
+    assert s.tensors == h.tensors
+
+
+def test_smollm2_header_equals_gguf_reader(smol_path):
+    _same_as_gguf_reader(smol_path)
+
+
+def test_qwen_header_equals_gguf_reader(qwen05_path):
+    _same_as_gguf_reader(qwen05_path)
+
+
+def test_tensor_views_are_the_file_bytes(smol_path):
+    """GGUFModel's tensor addresses point at each tensor's bytes in the mapped file."""
+    m = GGUFModel(smol_path)
+    raw = smol_path.read_bytes()
+    base = int(m.data.ctypes.data)
+    for t in gguf_file.parse(smol_path).tensors[:5]:
+        addr, _, _, _ = m.tensors[t.name]
+        assert addr - base == t.offset
+        assert bytes(m.data[t.offset:t.offset + 64]) == raw[t.offset:t.offset + 64]
+
+
+@pytest.mark.parametrize("cut,match", [
+    (0, r"0 bytes: too short"),
+    (100, r"truncated: the value of 'general\.\w+' at offset \d+ needs \d+ bytes, the file has 100 bytes"),
+    (1 << 20, r"truncated: .* of 'tokenizer\.ggml\.\w+' at offset \d+ needs \d+ bytes"),
+    (-100, r"tensor 'output_norm\.weight' is truncated: its \d+ bytes at offset \d+ end past the end of the file"),
+])
+def test_truncated_copies_name_what_is_missing(tmp_path, smol_path, cut, match):
+    data = smol_path.read_bytes()
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(data[:cut] if cut >= 0 else data[:cut])
+    with pytest.raises(GGUFError, match=match):
+        GGUFModel(p)
+
+
+def test_directory_is_refused(tmp_path):
+    with pytest.raises(GGUFError, match="is a directory"):
+        GGUFModel(tmp_path)
