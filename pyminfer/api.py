@@ -431,6 +431,11 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
                                f"messages.{i}.role")
         c = m.get("content")
         if c is None:
+            # OpenAI (and the server): content is required, except in an assistant turn that carries
+            # tool calls; a missing user turn would be rendered empty, answering a question nobody asked
+            if not (role == "assistant" and m.get("tool_calls") not in (None, [])):
+                raise MessageError(f"messages[{i}].content must be a string or a list of content parts (null or "
+                                   "missing only in an assistant message with tool_calls)", f"messages.{i}.content")
             c = ""
         if isinstance(c, list):  # OpenAI content parts: keep the text ones
             parts = []

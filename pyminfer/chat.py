@@ -299,9 +299,16 @@ def main_chat(args: Any) -> int:
     try:
         if not model.tokenizer.chat_template:
             log("pyminfer: warning: this model has no chat template; replies may be poor")
-        session = ChatSession(model, draft, params=_params(args), max_tokens=args.n_predict,
+        n_predict = model.n_ctx if args.n_predict == -1 else args.n_predict  # -1: as llama.cpp, n_ctx bounds it
+        session = ChatSession(model, draft, params=_params(args), max_tokens=n_predict,
                               system=getattr(args, "system", None), spec_draft_n=args.spec_draft_n,
                               spec_adaptive=args.spec_draft_adaptive, spec_ngram=_ngram(args))
+        if session.system:  # every turn carries it, and /clear keeps it: refuse it now, not at each line
+            text = session._render([{"role": "system", "content": session.system}, {"role": "user", "content": ""}])
+            n = len(model.tokenizer.encode(text, parse_special=True))
+            if n >= model.n_ctx:
+                raise ValueError(f"--system needs {n} tokens in the chat template, the context holds n_ctx="
+                                 f"{model.n_ctx}: shorten it or raise -c/--ctx-size")
         return run_chat(session)
     finally:
         model.close()

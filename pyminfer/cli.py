@@ -114,8 +114,8 @@ def _check_common(args: argparse.Namespace) -> None:
         raise ValueError(f"-c/--ctx-size must be in 1..{INT_MAX}, got {args.ctx_size}")
     if args.ubatch_size is not None and not 1 <= args.ubatch_size <= INT_MAX:
         raise ValueError(f"-ub/--ubatch-size must be in 1..{INT_MAX}, got {args.ubatch_size}")
-    if getattr(args, "n_predict", 0) < 0:  # run and chat; checked here so chat refuses it before loading
-        raise ValueError("-n/--n-predict must be >= 0")
+    if getattr(args, "n_predict", 0) < -1:  # run and chat; checked here so chat refuses it before loading
+        raise ValueError("-n/--n-predict must be >= -1 (-1: until end of generation or a full context)")
     for opt in ("system", "stop"):  # text options (--stop repeatable): UTF-8, as every input
         vals = getattr(args, opt, None)
         for v in [vals] if isinstance(vals, str) else vals or []:
@@ -185,7 +185,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
     ids = tok.encode(prompt, parse_special=True)
     res = None
-    for ch in generate_stream(model, ids, params, args.n_predict, draft=draft, spec_draft_n=args.spec_draft_n,
+    n_predict = model.n_ctx if args.n_predict == -1 else args.n_predict  # -1: as llama.cpp, no limit but n_ctx
+    for ch in generate_stream(model, ids, params, n_predict, draft=draft, spec_draft_n=args.spec_draft_n,
                               spec_adaptive=args.spec_draft_adaptive, spec_ngram=_ngram(args)):
         if ch.result is not None:
             res = ch.result
@@ -311,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-f", "--file", default=None,
                    help="read the prompt from a file ('-': standard input); it must be UTF-8: other bytes are "
                         "an error, not replaced")
-    r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default: %(default)s)")
+    r.add_argument("-n", "--n-predict", type=int, default=128,
+                   help="tokens to generate; -1: until end of generation or a full context (default: %(default)s)")
     r.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     _add_sampling_args(r)
@@ -341,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(c)
     _add_sampling_args(c)
     _add_spec_args(c)
-    c.add_argument("-n", "--n-predict", type=int, default=1024, help="most tokens a reply (default: %(default)s)")
+    c.add_argument("-n", "--n-predict", type=int, default=1024,
+                   help="most tokens a reply; -1: until end of generation or a full context (default: %(default)s)")
     c.add_argument("--system", default=None, help="system message")
     c.set_defaults(func=cmd_chat)
 

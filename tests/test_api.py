@@ -99,6 +99,10 @@ def test_errors(llm):
         llm.detokenize([-1])
     with pytest.raises(ValueError):
         llm.chat([], max_tokens=2)
+    for msgs in ([{"role": "user"}], [{"role": "user", "content": None}],
+                 [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}]):
+        with pytest.raises(ValueError, match=r"content must be a string"):  # as the server: no empty turns
+            llm.chat(msgs, max_tokens=2)
     # still usable afterwards
     assert llm.generate(PROMPT, max_tokens=1, temperature=0).generated_ids
 

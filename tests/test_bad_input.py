@@ -367,7 +367,7 @@ def test_tokenize_and_synth_report_corrupt_ggufs(tmp_path, smol_path):
     (["run", "-p", "hi", "-c", "0"], "-c/--ctx-size must be in 1..2147483647"),
     (["bench", "-p", "2147483648", "-n", "0"], "more than the core's 2147483647"),
     (["bench", "-p", "0", "-n", "2147483640"], "more than the core's 2147483647"),
-    (["chat", "-n", "-5"], "-n/--n-predict must be >= 0"),
+    (["chat", "-n", "-5"], "-n/--n-predict must be >= -1"),
     (["chat", "-c", "99999999999"], "-c/--ctx-size must be in"),
     (["run", "-p", "hi", "-ub", "0"], "-ub/--ubatch-size must be in 1..2147483647"),
     (["bench", "-ub", "2147483648"], "-ub/--ubatch-size must be in 1..2147483647"),

@@ -123,3 +123,33 @@ def test_speculative_session(model):
         assert r1.spec is not None and r2.spec is not None and r2.spec["drafted"] > 0
         fresh = generate(model, r2.prompt_ids, SamplingParams(temperature=0), 6)
         assert fresh.generated_ids == r2.generated_ids
+
+
+def _cli(*args: str, stdin: str = "") -> "subprocess.CompletedProcess[str]":
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "pyminfer", *args], input=stdin, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_system_prompt_longer_than_the_context_is_refused_at_start():
+    """Every turn carries the system prompt and /clear keeps it: a context too small for it is an
+    error before the first line is read (it used to answer every line with the same error)."""
+    ensure_model(MODEL, progress=False)
+    out = _cli("chat", "-m", MODEL, "--device", "cpu", "-c", "16", "--system", "word " * 200, stdin="hi\n")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert re.search(r"--system needs \d+ tokens in the chat template, the context holds n_ctx=16", out.stderr)
+
+
+def test_n_predict_minus_one_runs_to_the_end_of_the_context():
+    """-n -1 as llama.cpp: no limit but the context (the run stops there with the reason)."""
+    ensure_model(MODEL, progress=False)
+    out = _cli("run", "-m", MODEL, "--device", "cpu", "-c", "24", "-n", "-1", "--temp", "0",
+               "-p", "Once upon a time", "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+
+    res = json.loads(out.stdout)
+    assert res["finish_reason"] == "length" and res["stop_reason"] == "context", res
+    out = _cli("run", "-m", MODEL, "--device", "cpu", "-n", "-2", "-p", "hi")
+    assert out.returncode == 1 and "must be >= -1" in out.stderr
