@@ -39,7 +39,9 @@ def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft", default=None, metavar="MODEL", help="draft model for speculative decoding")
-    p.add_argument("--spec-draft-n", type=int, default=4, metavar="D", help="draft tokens per round (0..8)")
+    p.add_argument("--spec-draft-n", type=int, default=4, metavar="D",
+                   help="draft tokens per round (0..8); with --spec-draft-adaptive the first depth tried "
+                        "(default: %(default)s)")
     p.add_argument("--spec-draft-adaptive", action="store_true", help="choose the draft depth each round")
     p.add_argument("--spec-type", default="none", choices=["none", "ngram-simple"],
                    help="draft without a model too (as llama.cpp): ngram-simple = the tokens that followed the "
