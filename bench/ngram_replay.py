@@ -40,7 +40,8 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False)
     hist = list(item["prompt"]) + gen[:1]
     index = NgramIndex(NgramSpec(n=a.n, m=a.m)) if mode in ("ngram", "both") else None
     j, t, behind = 1, 0.0, 1  # gen[:j] committed; tokens the draft has not seen
-    ctl = AdaptiveDepth(max_depth=MAX_DEPTH, start=max(a.d, 1), probe_min=a.probe_min) if adaptive else None
+    ctl = AdaptiveDepth(max_depth=MAX_DEPTH, start=max(a.d, 1), probe_min=a.probe_min,
+                        hysteresis=a.hysteresis) if adaptive else None
     last = None
     while j < n:
         if ctl and last:
@@ -69,7 +70,8 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False)
                 acc = 0
                 while acc < d and agree[j + acc]:
                     acc += 1
-                last = (d, acc, dr / 1e3, ct[d + 1] / 1e3, (dr + ct[d + 1] + (d + 1) * a.host) / 1e3, behind <= 2)
+                last = (d, acc, dr / 1e3, ct[d + 1] / 1e3, (dr + ct[d + 1] + (d + 1) * a.host) / 1e3, behind <= 2,
+                        None if a.lump else first / 1e3)
                 behind = 2 if acc == d else 1
         else:
             t += ct[1] + a.host
@@ -90,6 +92,9 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=5, help="--spec-ngram-size-m")
     ap.add_argument("--d", type=int, default=3, help="draft-model depth")
     ap.add_argument("--probe-min", type=int, default=16, help="adaptive depth: rounds before a probe (0: none)")
+    ap.add_argument("--hysteresis", type=float, default=0.05, help="adaptive depth: switch margin")
+    ap.add_argument("--lump", action="store_true",
+                    help="adaptive depth: price every draft step at the round's mean (no first-step split)")
     a = ap.parse_args()
     if len(a.ct.split(",")) != 9 or len(a.cd.split(",")) != 8:
         ap.error("--ct wants 9 numbers (nt = 1..9), --cd 8 (nt = 1..8)")

@@ -120,7 +120,11 @@ class AdaptiveDepth:
         self.acc = [1.6] * (max_depth + 1)
         self.rej = [0.4] * (max_depth + 1)
         self.verify_cost: list[deque[float]] = [deque(maxlen=4) for _ in range(max_depth + 2)]  # by nt
-        self.draft_step: deque[float] = deque(maxlen=16)
+        # A round's first draft step also feeds the draft the 1-2 tokens the last round committed (an
+        # nt = 2 forward after a fully accepted round), so it costs more than the steps after it;
+        # pricing every step at the first one's cost made d >= 2 look ~4% dearer than it is from d = 1.
+        self.draft_first: deque[float] = deque(maxlen=16)
+        self.draft_rest: deque[float] = deque(maxlen=16)  # per step after the first
         self.round_cost: list[deque[float]] = [deque(maxlen=8) for _ in range(max_depth + 1)]  # by d
         self.remainder: deque[float] = deque(maxlen=16)  # round wall time minus draft and verify
         self.cur = 0  # first round plain: measures C_T(1)
@@ -166,10 +170,11 @@ class AdaptiveDepth:
             return _median(rc)
         cands = [_median(rc)] if rc else []
         c = (cv if cv is not None else self.verify_table())[d + 1]
-        cd = min(self.draft_step) if self.draft_step else None
-        if c is not None and (d == 0 or cd is not None):
+        first = min(self.draft_first) if self.draft_first else None
+        rest = min(self.draft_rest) if self.draft_rest else first  # (not above the first step's)
+        if c is not None and (d == 0 or first is not None):
             rem = _median(self.remainder) if self.remainder else 0.0
-            cands.append(c + d * (cd or 0.0) + rem)
+            cands.append(c + (first + (d - 1) * rest if d else 0.0) + rem)
         return min(cands) if cands else None
 
     def rates(self) -> list[float]:
@@ -223,9 +228,10 @@ class AdaptiveDepth:
         return d
 
     def update(self, d: int, n_accepted: int, draft_s: float, verify_s: float, round_s: float | None = None,
-               costs: bool = True) -> None:
+               costs: bool = True, first_s: float | None = None) -> None:
         """Record a finished round: depth d, accepted drafts, draft and verify seconds and, when
-        known, its whole wall time start to start. Positions 1..min(n_accepted + 1, d) were
+        known, its whole wall time start to start and the seconds of its first draft step
+        (``first_s``; None: every step priced alike). Positions 1..min(n_accepted + 1, d) were
         observed (accepted, then the first rejection). ``costs=False``: only the acceptance counts
         (a round whose draft first caught up on many tokens costs more than a usual one)."""
         if self.probe_from is not None:
@@ -233,7 +239,11 @@ class AdaptiveDepth:
         if costs:
             self.verify_cost[d + 1].append(verify_s)
         if d and costs:
-            self.draft_step.append(draft_s / d)
+            if first_s is None or d == 1:
+                self.draft_first.append(draft_s / d)
+            else:
+                self.draft_first.append(first_s)
+                self.draft_rest.append(max(draft_s - first_s, 0.0) / (d - 1))
         if round_s is not None and costs:
             self.round_cost[d].append(round_s)
             self.remainder.append(max(round_s - draft_s - verify_s, 0.0))
@@ -350,7 +360,7 @@ class SpecDecoder:
         hist.append(tok)
         self.emitted += 1
         yield tok
-        last_round: tuple[int, int, float, float, float, bool] | None = None  # for the adaptive model
+        last_round: tuple[int, int, float, float, float, bool, float] | None = None  # for the adaptive model
         index = NgramIndex(self.ngram_spec) if self.ngram_spec is not None else None
         while True:
             p = len(hist) - 1  # position of the last committed token, not yet in the target cache
@@ -358,8 +368,8 @@ class SpecDecoder:
                 raise ContextFull(f"context full at n_ctx={n_ctx}")
             ta = time.perf_counter()
             if self.adaptive and last_round is not None:  # its wall time includes the consumer's work
-                ld, la, ldr, lve, lstart, lcosts = last_round
-                self.adaptive.update(ld, la, ldr, lve, ta - lstart, costs=lcosts)
+                ld, la, ldr, lve, lstart, lcosts, lfirst = last_round
+                self.adaptive.update(ld, la, ldr, lve, ta - lstart, costs=lcosts, first_s=lfirst)
             room = n_ctx - 1 - p  # a round yields <= d + 1 tokens: no drafting past the context or
             if self.max_tokens is not None:  # past what the caller will take
                 room = min(room, self.max_tokens - self.emitted - 1)
@@ -379,11 +389,14 @@ class SpecDecoder:
                     catch_up = len(pending)
                     y = int(D.prefill(pending, d_valid, logits=False)[0])
                     drafts.append(y)
+                    t_first = time.perf_counter()
                     for i in range(1, d):
                         y = int(D.forward([y], p + i, [0], logits=False)[0])
                         drafts.append(y)
                     d_valid = p + d  # the draft saw hist[-1] at p and drafts[:d-1] at p+1..p+d-1
             tb = time.perf_counter()
+            if not d or from_ngram:
+                t_first = tb
             rows = T.forward([hist[-1]] + drafts, p, list(range(d + 1)), logits=need)
             tc = time.perf_counter()
             emitted: list[int] = []
@@ -411,7 +424,7 @@ class SpecDecoder:
             # The adaptive model learns from draft-model rounds only (an n-gram round costs no draft
             # steps), and its costs only from rounds of the usual shape: one that first caught the
             # draft up on more than the usual 1-2 tokens (after n-gram rounds) has a longer first step.
-            last_round = (d, a, tb - td, tc - tb, ta, catch_up <= 2) if not from_ngram else None
+            last_round = (d, a, tb - td, tc - tb, ta, catch_up <= 2, t_first - td) if not from_ngram else None
             for z in emitted:
                 hist.append(z)
                 self.emitted += 1

@@ -164,3 +164,18 @@ def test_probe_knob(monkeypatch):
         monkeypatch.setenv("PYMINFER_ADAPTIVE_PROBE", bad)
         with pytest.raises(ValueError, match="PYMINFER_ADAPTIVE_PROBE"):
             adaptive_probe()
+
+
+def test_first_draft_step_priced_apart_from_the_rest():
+    """A round's first draft step also feeds the draft what the last round committed, so a depth
+    not run yet is priced as first + (d - 1) x later steps, not d x the mean step of the rounds seen."""
+    ctl = AdaptiveDepth()
+    ctl.update(0, 0, 0.0, 1.0e-3, 1.1e-3)
+    ctl.update(2, 1, 1.3e-3, 1.2e-3, 2.6e-3, first_s=0.7e-3)  # first step 0.7 ms, the second 0.6 ms
+    rem = sorted(ctl.remainder)[len(ctl.remainder) // 2]
+    cv = ctl.verify_table()
+    assert ctl.round_seconds(5) == pytest.approx(cv[6] + 0.7e-3 + 4 * 0.6e-3 + rem)
+    lumped = AdaptiveDepth()
+    lumped.update(0, 0, 0.0, 1.0e-3, 1.1e-3)
+    lumped.update(2, 1, 1.3e-3, 1.2e-3, 2.6e-3)  # first_s unknown: every step at the mean, 0.65 ms
+    assert lumped.round_seconds(5) == pytest.approx(cv[6] + 5 * 0.65e-3 + rem)
