@@ -131,17 +131,21 @@ int main() {
             printf("barrier, %4d blocks x %4d threads %8.2f %8.2f\n", grid, threads, us[0], us[1]);
         }
     }
+    // us a step of a chain of one_step launches (grid x threads, PDL or not): empty, then copying
+    auto chain = [&](int grid, int threads, int pdl, float (&us)[2]) {
+        cudaLaunchAttribute ser = {};
+        ser.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        ser.val.programmaticStreamSerializationAllowed = 1;
+        for (int work = 0; work < 2; work++)
+            us[work] = us_per_step(s, steps, reps, [&] {
+                for (int k = 0; k < steps; k++)
+                    launch(one_step, grid, threads, s, ser, pdl, k & 1 ? b : a, k & 1 ? a : b, work);
+            });
+    };
     for (int pdl = 0; pdl < 2; pdl++) {
         for (int grid : {1, sms, sms * 4, sms * 16}) {
-            cudaLaunchAttribute ser = {};
-            ser.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            ser.val.programmaticStreamSerializationAllowed = 1;
             float us[2];
-            for (int work = 0; work < 2; work++)
-                us[work] = us_per_step(s, steps, reps, [&] {
-                    for (int k = 0; k < steps; k++)
-                        launch(one_step, grid, 128, s, ser, pdl, k & 1 ? b : a, k & 1 ? a : b, work);
-                });
+            chain(grid, 128, pdl, us);
             printf("launch chain%s, %5d blocks x 128   %8.2f %8.2f\n", pdl ? " + PDL" : "      ", grid, us[0], us[1]);
         }
     }
@@ -149,17 +153,9 @@ int main() {
     // mat-vecs' 128-thread blocks should serve more rows each; docs/perf.md, session 16)
     for (int total : {sms * 16 * 128, sms * 8 * 128, sms * 32 * 128}) {
         for (int threads : {64, 128, 256, 512, 1024}) {
-            const int grid = total / threads;
-            cudaLaunchAttribute ser = {};
-            ser.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            ser.val.programmaticStreamSerializationAllowed = 1;
             float us[2];
-            for (int work = 0; work < 2; work++)
-                us[work] = us_per_step(s, steps, reps, [&] {
-                    for (int k = 0; k < steps; k++)
-                        launch(one_step, grid, threads, s, ser, 1, k & 1 ? b : a, k & 1 ? a : b, work);
-                });
-            printf("PDL chain, %7d threads: %5d blocks x %4d %8.2f %8.2f\n", total, grid, threads, us[0], us[1]);
+            chain(total / threads, threads, 1, us);
+            printf("PDL chain, %7d threads: %5d blocks x %4d %8.2f %8.2f\n", total, total / threads, threads, us[0], us[1]);
         }
     }
     return 0;
