@@ -104,10 +104,11 @@ class AdaptiveDepth:
 
     Probing: a depth d only observes draft positions 1..d, so after ``probe_min`` rounds at the
     same depth d >= 1 one round runs at d + 1, the gap doubling up to ``probe_max`` while probes
-    neither move the depth nor see their extra position accepted (``probe_min`` = 0: never). Without it a controller that once saw a low
-    acceptance at position d + 1 never learns that it rose (the H200, session 15: d = 1 for a
-    whole reply where d = 3 was 5% faster). Not from d = 0: a probe there would first feed the
-    draft every token since it last drafted, which cost more than it found (bench/ngram_replay.py).
+    neither move the depth nor see their extra position accepted (``probe_min`` = 0: never).
+    Without it a controller that once saw a low acceptance at position d + 1 never learns that it
+    rose (the H200, session 15: d = 1 for a whole reply where d = 3 was 5% faster). Not from d = 0:
+    a probe there would first feed the draft every token since it last drafted, which cost more
+    than it found (bench/ngram_replay.py, docs/perf.md session 16).
     """
 
     def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.05,
@@ -122,7 +123,8 @@ class AdaptiveDepth:
         self.verify_cost: list[deque[float]] = [deque(maxlen=4) for _ in range(max_depth + 2)]  # by nt
         # A round's first draft step also feeds the draft the 1-2 tokens the last round committed (an
         # nt = 2 forward after a fully accepted round), so it costs more than the steps after it;
-        # pricing every step at the first one's cost made d >= 2 look ~4% dearer than it is from d = 1.
+        # pricing every step at the rounds' mean (from d = 1 rounds: the first step's cost) made
+        # deeper rounds look ~4% dearer than they are.
         self.draft_first: deque[float] = deque(maxlen=16)
         self.draft_rest: deque[float] = deque(maxlen=16)  # per step after the first
         self.round_cost: list[deque[float]] = [deque(maxlen=8) for _ in range(max_depth + 1)]  # by d
