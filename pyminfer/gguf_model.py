@@ -92,15 +92,18 @@ def _read_header(path: Path) -> tuple[dict[str, Any], list[TensorInfo], np.ndarr
         h = gguf_file.parse(path, skip=("tokenizer.",))
         if h is not None:
             return h.kv, h.tensors, np.memmap(path, dtype=np.uint8, mode="r")
-        from gguf import GGUFReader  # GGUF v1, big-endian: the library's reader
+    except (ValueError, OverflowError, struct.error) as e:  # bad bytes, as the parser words them
+        raise GGUFError.unreadable(path, e) from e
+    from gguf import GGUFReader  # GGUF v1, big-endian: the library's reader
 
+    try:
         r = GGUFReader(path, "r")
         meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith(("GGUF.", "tokenizer."))}
         infos = [TensorInfo(t.name, tuple(int(x) for x in t.shape), int(t.tensor_type), int(t.data_offset))
                  for t in r.tensors]
-        return meta, infos, r.data
-    except (ValueError, IndexError, OverflowError, struct.error) as e:  # bad bytes, as the parsers report them
+    except Exception as e:  # that reader raises ValueError / IndexError / struct errors on bad bytes
         raise GGUFError.unreadable(path, e) from e
+    return meta, infos, r.data
 
 
 class GGUFModel:

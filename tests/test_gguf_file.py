@@ -71,3 +71,16 @@ def test_truncated_copies_name_what_is_missing(tmp_path, smol_path, cut, match):
 def test_directory_is_refused(tmp_path):
     with pytest.raises(GGUFError, match="is a directory"):
         GGUFModel(tmp_path)
+
+
+def test_layouts_left_to_gguf_reader_load_alike(smol_path, monkeypatch):
+    """Where the fast reader declines a file (GGUF v1, big-endian: parse returns None) the model load
+    goes through gguf.GGUFReader: the same config, tensor table and metadata."""
+    fast = GGUFModel(smol_path)
+    monkeypatch.setattr(gguf_file, "parse", lambda *a, **k: None)
+    slow = GGUFModel(smol_path)
+    assert slow.config == fast.config and slow.weight_bytes == fast.weight_bytes
+    base_f, base_s = int(fast.data.ctypes.data), int(slow.data.ctypes.data)
+    assert {k: (a - base_f, *r) for k, (a, *r) in fast.tensors.items()} == \
+        {k: (a - base_s, *r) for k, (a, *r) in slow.tensors.items()}
+    assert fast.meta.keys() == slow.meta.keys() and fast.file_type == slow.file_type
