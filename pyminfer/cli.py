@@ -64,7 +64,8 @@ def _ngram(args: argparse.Namespace) -> Any:
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     # the defaults are llama.cpp's (common/common.h), so the same flags sample the same way
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; <= 0: greedy, as llama.cpp (default: %(default)s)")
+    p.add_argument("--temp", type=float, default=0.8,
+                   help="temperature; <= 0: greedy, as llama.cpp (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=40, help="<= 0: off (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=0.95, help="1.0: off (default: %(default)s)")
     p.add_argument("--min-p", type=float, default=0.05, help="0.0: off (default: %(default)s)")
