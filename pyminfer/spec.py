@@ -318,8 +318,8 @@ class SpecDecoder:
         self.ngram_accepted = 0
         self.draft_n = draft_n
         max_d = min(MAX_DEPTH, target.max_nt - 1)  # the verify batch (d + 1 rows) must fit one forward
-        self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1),
-                                      hysteresis=adaptive_hysteresis(), probe_min=adaptive_probe()) if adaptive else None
+        self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1), hysteresis=adaptive_hysteresis(),
+                                      probe_min=adaptive_probe()) if adaptive else None
         self.stats: dict[str, float] = {}
         self.rounds = 0
         self.drafted_at = np.zeros(MAX_DEPTH + 1, np.int64)  # per draft position (1-based)
