@@ -318,7 +318,8 @@ class SpecDecoder:
         self.ngram_accepted = 0
         self.draft_n = draft_n
         max_d = min(MAX_DEPTH, target.max_nt - 1)  # the verify batch (d + 1 rows) must fit one forward
-        self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1), hysteresis=adaptive_hysteresis(),
+        self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1),
+                                      hysteresis=adaptive_hysteresis(),
                                       probe_min=adaptive_probe()) if adaptive else None
         self.stats: dict[str, float] = {}
         self.rounds = 0
