@@ -36,7 +36,8 @@ def resolve_device(device: str) -> int:
         return _core.DEVICE_CPU
     if device == "cuda":
         if not _core.cuda_available():
-            raise RuntimeError("--device cuda: no CUDA device is visible (or this build has no CUDA backend)")
+            raise RuntimeError("device cuda (--device cuda): no CUDA device is visible (or this build has no CUDA "
+                               "backend)")
         return _core.DEVICE_CUDA
     raise ValueError(f"unknown device {device!r} (expected cpu, cuda or auto)")
 
