@@ -37,18 +37,30 @@ def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 
                    help=f"most tokens per forward; prompts are evaluated in chunks of N (default {ub_default})")
 
 
+class _Given(argparse.Action):
+    """Store the value and note the option as given on the command line (``args.given``), so that
+    options which only matter beside another one can be reported when that one is missing."""
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(ns, self.dest, values)
+        given = getattr(ns, "given", None) or set()
+        given.add(option_string or self.dest)
+        ns.given = given
+
+
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft", default=None, metavar="MODEL", help="draft model for speculative decoding")
-    p.add_argument("--spec-draft-n", type=int, default=4, metavar="D",
+    p.add_argument("--spec-draft-n", type=int, default=4, metavar="D", action=_Given,
                    help="draft tokens per round (0..8); with --spec-draft-adaptive the first depth tried "
                         "(default: %(default)s)")
     p.add_argument("--spec-draft-adaptive", action="store_true", help="choose the draft depth each round")
     p.add_argument("--spec-type", default="none", choices=["none", "ngram-simple"],
                    help="draft without a model too (as llama.cpp): ngram-simple = the tokens that followed the "
                         "latest earlier occurrence of the last n tokens; tried before --spec-draft each round")
-    p.add_argument("--spec-ngram-size-n", type=int, default=3, metavar="N",
+    p.add_argument("--spec-ngram-size-n", type=int, default=3, metavar="N", action=_Given,
                    help="ngram-simple: tokens matched (default: %(default)s)")
-    p.add_argument("--spec-ngram-size-m", type=int, default=5, metavar="M",
+    p.add_argument("--spec-ngram-size-m", type=int, default=5, metavar="M", action=_Given,
                    help="ngram-simple: most tokens drafted a round, 1..8 (default: %(default)s)")
 
 
@@ -125,6 +137,16 @@ def _check_common(args: argparse.Namespace) -> None:
             _check_arg_text(v, f"--{opt}")
     if getattr(args, "spec_draft", None) is None and getattr(args, "spec_draft_adaptive", False):
         raise ValueError("--spec-draft-adaptive needs a draft model (--spec-draft MODEL)")
+    given = getattr(args, "given", None) or set()  # options that only matter beside another one
+    for opts, needs, missing in (
+            (["--spec-draft-n"], "--spec-draft", getattr(args, "spec_draft", None) is None),
+            (["--spec-ngram-size-n", "--spec-ngram-size-m"], "--spec-type ngram-simple",
+             getattr(args, "spec_type", "none") == "none")):
+        ignored = [o for o in opts if o in given]
+        if ignored and missing:  # a warning, not an error: the rest of the run is what was asked
+            from .engine import log
+
+            log(f"pyminfer: warning: {', '.join(ignored)} ignored without {needs}")
     n = getattr(args, "spec_draft_n", 4)
     from .spec import MAX_DEPTH
     if not 0 <= n <= MAX_DEPTH:

@@ -478,3 +478,17 @@ def test_broken_pipe_is_quiet(smol_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "error" not in err.lower() and "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_options_ignored_without_their_switch_are_reported(smol_path):
+    """--spec-draft-n without --spec-draft and --spec-ngram-size-* without --spec-type ngram-simple do
+    nothing: a warning says so (the run itself goes on); none when they take effect or are not given."""
+    base = ["run", "-m", str(smol_path), "-p", "hi", "-n", "2", "--device", "cpu", "--temp", "0"]
+    out = _cli(*base, "--spec-draft-n", "3", "--spec-ngram-size-m=4")
+    err = out.stderr.decode()
+    assert out.returncode == 0, err
+    assert "warning: --spec-draft-n ignored without --spec-draft" in err
+    assert "warning: --spec-ngram-size-m ignored without --spec-type ngram-simple" in err
+    for extra in ([], ["--spec-type", "ngram-simple", "--spec-ngram-size-n", "2"]):
+        out = _cli(*base, *extra)
+        assert out.returncode == 0 and "ignored without" not in out.stderr.decode(), out.stderr
