@@ -31,9 +31,9 @@ class NgramSpec:
         from .spec import MAX_DEPTH
 
         if not 1 <= self.n <= MAX_NGRAM:
-            raise ValueError(f"--spec-ngram-size-n must be in 1..{MAX_NGRAM}, got {self.n}")
+            raise ValueError(f"NgramSpec n (--spec-ngram-size-n) must be in 1..{MAX_NGRAM}, got {self.n}")
         if not 1 <= self.m <= MAX_DEPTH:
-            raise ValueError(f"--spec-ngram-size-m must be in 1..{MAX_DEPTH}, got {self.m}")
+            raise ValueError(f"NgramSpec m (--spec-ngram-size-m) must be in 1..{MAX_DEPTH}, got {self.m}")
 
 
 class NgramIndex:

@@ -131,8 +131,8 @@ def test_cli_run_json_reports_ngram_rounds(smol_path):
     assert spec["ngram"] and spec["ngram_rounds"] > 0 and spec["ngram_accepted"] > 0
 
 
-@pytest.mark.parametrize("args,msg", [(["--spec-ngram-size-m", "9"], "spec-ngram-size-m must be in 1..8"),
-                                      (["--spec-ngram-size-n", "0"], "spec-ngram-size-n must be in 1..64"),
+@pytest.mark.parametrize("args,msg", [(["--spec-ngram-size-m", "9"], "(--spec-ngram-size-m) must be in 1..8"),
+                                      (["--spec-ngram-size-n", "0"], "(--spec-ngram-size-n) must be in 1..64"),
                                       (["-ub", "4"], "too small for --spec-ngram-size-m 5")])
 def test_cli_bad_ngram_settings(smol_path, args, msg):
     out = _cli("run", "-m", str(smol_path), "--device", "cpu", "-p", "x", "--spec-type", "ngram-simple", *args)
