@@ -62,6 +62,18 @@ class ChatSession:
         self._last_seq: list[int] = []  # the last prompt ids + the reply ids (without a final end-of-generation)
         self._last_reply = ""
 
+    def check_system_fits(self) -> None:
+        """Raise ValueError when the system message alone, in the chat template with an empty user
+        turn, needs the whole context (n_ctx tokens) or more: no turn could then be answered, and
+        /clear keeps it. Nothing to check without a system message."""
+        if not self.system:
+            return
+        text = self._render([{"role": "system", "content": self.system}, {"role": "user", "content": ""}])
+        n = len(self.tok.encode(text, parse_special=True))
+        if n >= self.model.n_ctx:
+            raise ValueError(f"--system needs {n} tokens in the chat template, the context holds n_ctx="
+                             f"{self.model.n_ctx}: shorten it or raise -c/--ctx-size")
+
     # ------------------------------------------------------------------ prompt building
     def _render(self, messages: list[dict[str, str]]) -> str:
         if not self.tok.chat_template:  # plain transcript for models without a template
@@ -291,7 +303,7 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
 
 def main_chat(args: Any) -> int:
     """``pyminfer chat``: load the model(s) with the CLI's loader and run the loop."""
-    from .cli import _check_common, _load, _ngram, _params
+    from .cli import _check_common, _load, _n_predict, _ngram, _params
 
     _check_common(args)  # before the (slow) load: -n, -c, --system ...
     _params(args).validate()
@@ -299,16 +311,10 @@ def main_chat(args: Any) -> int:
     try:
         if not model.tokenizer.chat_template:
             log("pyminfer: warning: this model has no chat template; replies may be poor")
-        n_predict = model.n_ctx if args.n_predict == -1 else args.n_predict  # -1: as llama.cpp, n_ctx bounds it
-        session = ChatSession(model, draft, params=_params(args), max_tokens=n_predict,
+        session = ChatSession(model, draft, params=_params(args), max_tokens=_n_predict(args, model),
                               system=getattr(args, "system", None), spec_draft_n=args.spec_draft_n,
                               spec_adaptive=args.spec_draft_adaptive, spec_ngram=_ngram(args))
-        if session.system:  # every turn carries it, and /clear keeps it: refuse it now, not at each line
-            text = session._render([{"role": "system", "content": session.system}, {"role": "user", "content": ""}])
-            n = len(model.tokenizer.encode(text, parse_special=True))
-            if n >= model.n_ctx:
-                raise ValueError(f"--system needs {n} tokens in the chat template, the context holds n_ctx="
-                                 f"{model.n_ctx}: shorten it or raise -c/--ctx-size")
+        session.check_system_fits()  # every turn carries it, and /clear keeps it: refuse it now
         return run_chat(session)
     finally:
         model.close()

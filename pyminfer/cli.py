@@ -109,6 +109,12 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     return model, draft
 
 
+def _n_predict(args: argparse.Namespace, model: Any) -> int:
+    """-n/--n-predict as a token limit for ``model``: -1 (llama.cpp's "no limit") is its n_ctx,
+    which a generation cannot pass anyway; other values as given (checked >= -1 by _check_common)."""
+    return model.n_ctx if args.n_predict == -1 else args.n_predict
+
+
 def _params(args: argparse.Namespace) -> Any:
     from .sampling import SamplingParams
 
@@ -210,8 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
     ids = tok.encode(prompt, parse_special=True)
     res = None
-    n_predict = model.n_ctx if args.n_predict == -1 else args.n_predict  # -1: as llama.cpp, no limit but n_ctx
-    for ch in generate_stream(model, ids, params, n_predict, draft=draft, spec_draft_n=args.spec_draft_n,
+    for ch in generate_stream(model, ids, params, _n_predict(args, model), draft=draft, spec_draft_n=args.spec_draft_n,
                               spec_adaptive=args.spec_draft_adaptive, spec_ngram=_ngram(args)):
         if ch.result is not None:
             res = ch.result

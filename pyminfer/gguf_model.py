@@ -71,11 +71,6 @@ class ModelConfig:
             "rope_freq_base", "rms_eps")}
 
 
-def _field(meta: dict[str, Any], key: str, default: Any = None) -> Any:
-    v = meta.get(key)
-    return default if v is None else v
-
-
 def _ggml_type_name(typ: int) -> str:
     from gguf import GGMLQuantizationType
 
@@ -127,7 +122,7 @@ class GGUFModel:
         if self.path.is_dir():
             raise GGUFError(f"{self.path}: is a directory, not a GGUF file")
         self.meta, infos, self.data = _read_header(self.path)
-        arch = _field(self.meta, "general.architecture")
+        arch = self.meta.get("general.architecture")
         if arch not in SUPPORTED_ARCHS:
             raise GGUFError(f"{self.path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
         self.tensors: dict[str, tuple[int, int, int, int]] = {}
@@ -157,7 +152,7 @@ class GGUFModel:
         p = f"{arch}."
 
         def req(key: str) -> Any:
-            v = _field(r, p + key)
+            v = r.get(p + key)
             if v is None:
                 raise GGUFError(f"{self.path}: missing metadata key {p + key}")
             return v
@@ -168,7 +163,7 @@ class GGUFModel:
             raise GGUFError(f"{self.path}: invalid model dimensions ({p}attention.head_count {n_head}, "
                             f"{p}embedding_length {n_embd})")
         n_layer, n_ff = int(req("block_count")), int(req("feed_forward_length"))
-        n_head_kv = int(_field(r, p + "attention.head_count_kv", n_head))
+        n_head_kv = int(r.get(p + "attention.head_count_kv", n_head))
         if n_layer <= 0 or n_ff <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise GGUFError(f"{self.path}: invalid model dimensions ({p}block_count {n_layer}, "
                             f"{p}feed_forward_length {n_ff}, {p}attention.head_count_kv {n_head_kv} for "
@@ -178,22 +173,22 @@ class GGUFModel:
         if n_ctx_train <= 0:
             raise GGUFError(f"{self.path}: {p}context_length is {n_ctx_train}: the trained context length must "
                             "be >= 1 (corrupt or mis-converted file)")
-        head_dim = int(_field(r, p + "attention.key_length", n_embd // n_head))
+        head_dim = int(r.get(p + "attention.key_length", n_embd // n_head))
         if "token_embd.weight" not in self.tensors:
             raise GGUFError(f"{self.path}: missing tensor token_embd.weight")
         n_vocab = self.tensors["token_embd.weight"][3]
         # Metadata the tensors contradict is a corrupt or mis-converted file, not something to guess past.
-        vs = _field(r, p + "vocab_size")  # fewer than the rows is padding (allowed); more has no embedding
+        vs = r.get(p + "vocab_size")  # fewer than the rows is padding (allowed); more has no embedding
         if vs is not None and int(vs) > n_vocab:
             raise GGUFError(f"{self.path}: {p}vocab_size {int(vs)} exceeds token_embd.weight's {n_vocab} rows")
-        rd = _field(r, p + "rope.dimension_count")
+        rd = r.get(p + "rope.dimension_count")
         if rd is not None and int(rd) != head_dim:
             raise GGUFError(f"{self.path}: {p}rope.dimension_count {int(rd)} != head_dim {head_dim}: partial "
                             "rotary embeddings are not supported")
         tied = "output.weight" not in self.tensors
         return ModelConfig(
             arch=arch,
-            name=str(_field(r, "general.name", self.path.stem)),
+            name=str(r.get("general.name", self.path.stem)),
             n_layer=n_layer,
             n_embd=n_embd,
             n_ff=n_ff,
@@ -202,7 +197,7 @@ class GGUFModel:
             head_dim=head_dim,
             n_vocab=n_vocab,
             rope_type=ROPE_NEOX if arch == "qwen2" else ROPE_NORM,
-            rope_freq_base=float(_field(r, p + "rope.freq_base", 10000.0)),
+            rope_freq_base=float(r.get(p + "rope.freq_base", 10000.0)),
             rms_eps=float(req("attention.layer_norm_rms_epsilon")),
             n_ctx_train=n_ctx_train,
             tied_embeddings=tied,
@@ -257,7 +252,7 @@ class GGUFModel:
         the key (or with a value gguf does not know), the dominant tensor type by bytes."""
         from gguf import LlamaFileType
 
-        ft = _field(self.meta, "general.file_type")
+        ft = self.meta.get("general.file_type")
         if isinstance(ft, (int, np.integer)):
             try:
                 # llama.cpp ORs LLAMA_FTYPE_GUESSED (1024) into a type it inferred from the tensors

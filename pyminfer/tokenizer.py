@@ -167,15 +167,6 @@ def _byte_decode(text: str) -> bytes:
 # GGUF metadata
 # ---------------------------------------------------------------------------------------------------------
 
-def _parse_gguf_kv(path: str | os.PathLike[str], wanted_prefixes: tuple[str, ...]) -> dict[str, Any] | None:
-    """The metadata keys with a wanted prefix of a GGUF v2/v3 little-endian file (pyminfer.gguf_file);
-    None for a layout that reader leaves to ``gguf.GGUFReader``. Raises ValueError for a bad file."""
-    from . import gguf_file
-
-    h = gguf_file.parse(path, keep=wanted_prefixes, tensors=False)
-    return None if h is None else h.kv
-
-
 def _fields_from_reader(reader: Any, wanted_prefixes: tuple[str, ...]) -> dict[str, Any]:
     """Extract metadata values from an existing ``gguf.GGUFReader``."""
     import numpy as np
@@ -217,20 +208,21 @@ def read_gguf_tokenizer_metadata(reader_or_path: Any) -> dict[str, Any]:
     """
     prefixes = ("tokenizer.", "general.")
     if isinstance(reader_or_path, (str, os.PathLike)):
+        from .gguf_file import parse as parse_gguf
         from .gguf_model import GGUFError
 
         path = os.fspath(reader_or_path)
         if not os.path.exists(path):
             raise FileNotFoundError(f"model file not found: {path}")
         try:
-            meta = _parse_gguf_kv(path, prefixes)
+            h = parse_gguf(path, keep=prefixes, tensors=False)  # None: a layout left to GGUFReader
         except (ValueError, IndexError, OverflowError, struct.error) as e:
             # bad bytes surface as struct/mmap/numpy errors (every length is checked against the
             # file size first, so a corrupt count never becomes a huge allocation: a MemoryError
             # here is a real one and propagates); reported as a model load reports them
             raise GGUFError.unreadable(path, e) from e
-        if meta is not None:
-            return meta
+        if h is not None:
+            return h.kv
         import gguf  # layouts the fast parser leaves to the library (GGUF v1, big-endian)
 
         try:  # as GGUFModel: the library's reader may also run out of memory on a corrupt count
