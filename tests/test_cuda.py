@@ -66,7 +66,7 @@ def test_matmul_rows_bitwise_equal_to_one_row(typ):
 @pytest.mark.parametrize("typ", [bg.Q4_0, bg.Q5_0, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K],
                          ids=lambda t: bg.NAMES[t])
 def test_matmul_both_kernels_odd_blocks(typ, mmvq, monkeypatch):
-    """Rows of an odd number of 256-wide blocks (Q4_0 / Q5_0 / Q8_0 rows only 2-aligned), more chunks than one
+    """Rows of an odd number of 256-wide blocks (Q6_K rows only 2-aligned), more chunks than one
     pass of the warp kernel's unrolled loads (tail), both MMVQ kernels: CPU bound and nt bitwise."""
     monkeypatch.setenv("MI_CUDA_MMVQ", mmvq)
     rng = np.random.default_rng(typ + 7)
@@ -78,21 +78,6 @@ def test_matmul_both_kernels_odd_blocks(typ, mmvq, monkeypatch):
     assert nmse(ones, y_cpu) < 1e-10, bg.NAMES[typ]
     for nt in (2, 3, 5, 8):
         assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], nt)
-
-
-def test_q6k_upload_staged_in_pieces():
-    """q6_K is padded from 210- to 224-byte blocks on the device (native/cuda/layout.cuh) through a
-    16 MiB host staging buffer: 80,003 rows of 224 bytes take two pieces (74,898 rows, then the
-    rest), and a row at each piece's edge must come out as the CPU computes it."""
-    rng = np.random.default_rng(614)
-    n_rows, n_cols = 80_003, 256
-    w = bg.random_weights(rng, bg.Q6_K, n_rows, n_cols)
-    x = rng.standard_normal((2, n_cols)).astype(np.float32)
-    y_cpu = matmul(0, bg.Q6_K, w, n_rows, n_cols, x)
-    y_gpu = matmul(1, bg.Q6_K, w, n_rows, n_cols, x)
-    assert nmse(y_gpu, y_cpu) < 1e-10
-    for r in (0, 74_897, 74_898, n_rows - 1):
-        assert nmse(y_gpu[:, r], y_cpu[:, r]) < 1e-10, r
 
 
 @pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K], ids=lambda t: bg.NAMES[t])
@@ -122,49 +107,35 @@ def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
 MMA_SHAPES = [(64, 1536), (48, 3584), (32, 8960), (4096, 5120)]
 
 
-@pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K], ids=lambda t: bg.NAMES[t])
 @pytest.mark.parametrize("n_rows,n_cols", MMA_SHAPES)
-def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, typ, monkeypatch):
-    """MI_CUDA_MMVQ_MMA=2: q4_K / q6_K groups of 2..8 activation rows on the int8 tensor cores
+def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, monkeypatch):
+    """MI_CUDA_MMVQ_MMA=2: q4_K groups of 2..8 activation rows on the int8 tensor cores
     (native/cuda/mmvq_mma.cu) give, row by row, the bits of the nt = 1 dp4a kernel; the launch
-    counter proves which kernel ran (nt = 1 never takes it; MI_CUDA_MMVQ_MMA_Q6K=0 keeps q6_K off
-    it); the CPU bound as for every mat-vec. 8960 columns = 35 q6_K blocks (odd: 16-byte row alignment
-    comes from the padded device layout, not the block count)."""
+    counter proves which kernel ran (nt = 1 never takes it); the CPU bound as for every mat-vec."""
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "2")
-    monkeypatch.delenv("MI_CUDA_MMVQ_MMA_Q6K", raising=False)
-    rng = np.random.default_rng(n_rows + n_cols + typ)
-    w = bg.random_weights(rng, typ, n_rows, n_cols)
+    rng = np.random.default_rng(n_rows + n_cols)
+    w = bg.random_weights(rng, bg.Q4_K, n_rows, n_cols)
     x = rng.standard_normal((8, n_cols)).astype(np.float32)
     n0 = core.mmvq_mma_launches()
-    ones = np.concatenate([matmul(1, typ, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])
+    ones = np.concatenate([matmul(1, bg.Q4_K, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])
     assert core.mmvq_mma_launches() == n0
-    assert nmse(ones, matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
+    assert nmse(ones, matmul(0, bg.Q4_K, w, n_rows, n_cols, x)) < 1e-10
     for nt in range(2, 9):
-        assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), nt
+        assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:nt]), ones[:nt]), nt
     assert core.mmvq_mma_launches() == n0 + 7
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "6")  # groups of fewer rows keep the dp4a kernel
-    assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:5]), ones[:5])
+    assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:5]), ones[:5])
     assert core.mmvq_mma_launches() == n0 + 7
-    if typ == bg.Q6_K:
-        monkeypatch.setenv("MI_CUDA_MMVQ_MMA_Q6K", "0")
-        assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:8]), ones[:8])
-        assert core.mmvq_mma_launches() == n0 + 7
 
 
-@pytest.mark.parametrize("mix", ["q4_k_m", "q6_k"])
 @pytest.mark.parametrize("nt", [2, 5, 8, 9])
-def test_mmvq_mma_forward_rows_bitwise(nt, mix, monkeypatch):
-    """Whole forwards with the tensor-core verify kernel (o with the residual, gate/up with SwiGLU
-    and the fused quantize of its output, down; q6_K: every matrix, the LM head too): every row's
-    logits and argmax are the single-token forward's bits; the graphs of nt >= 2 captured it."""
+def test_mmvq_mma_forward_rows_bitwise(nt, monkeypatch):
+    """Whole forwards with the tensor-core verify kernel (q4_K o with the residual, gate/up with
+    SwiGLU and the fused quantize of its output, down): every row's logits and argmax are the
+    single-token forward's bits; the graphs of nt >= 2 captured it."""
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "2")
-    monkeypatch.delenv("MI_CUDA_MMVQ_MMA_Q6K", raising=False)
-    if mix == "q6_k":  # 1008 = 63 x 16 vocabulary rows: the LM head on the tensor cores as well
-        model = small_model(5, n_vocab=1008, types={k: bg.Q6_K for k in SMALL_TYPES})
-        V = 1008
-    else:
-        model = small_model(5, types=bg.qwen_types(SMALL["n_layer"]))
-        V = SMALL["n_vocab"]
+    model = small_model(5, types=bg.qwen_types(SMALL["n_layer"]))
+    V = SMALL["n_vocab"]
     rng = np.random.default_rng(nt + 50)
     prefix = list(rng.integers(0, V, 9))
     batch = list(rng.integers(0, V, nt))

@@ -50,7 +50,7 @@ __device__ __forceinline__ float mi_warp_max(float v) {
     return v;
 }
 
-// 4 bytes from an address that is only 2-byte aligned (Q4_0, Q5_0 and Q8_0 blocks are; q6_K is padded on the device, layout.cuh).
+// 4 bytes from an address that is only 2-byte aligned (Q4_0, Q5_0, Q8_0 and Q6_K blocks are).
 __device__ __forceinline__ uint32_t mi_ld_a2(const uint8_t *p) {
     const uint16_t *h = (const uint16_t *)p;
     return (uint32_t)h[0] | ((uint32_t)h[1] << 16);

@@ -19,7 +19,6 @@
 #include "attention.cuh"
 #include "backend.h"
 #include "common.cuh"
-#include "layout.cuh"
 #include "mmq.cuh"
 #include "mmvq.cuh"
 #include "norm.cuh"
@@ -188,21 +187,22 @@ void mi_prof_mark(mi_cuda_ctx *c, int kind) {
 
 size_t mi_align(size_t n) { return (n + 255) & ~(size_t)255; }
 
-// Bytes of a host tensor once on the device (layout.cuh: q6_K blocks padded to 224 bytes).
-int64_t mi_tensor_bytes(const mi_tensor *t) { return mi_dev_row_bytes(t->type, t->n_cols) * t->n_rows; }
+int64_t mi_tensor_bytes(const mi_tensor *t) {
+    return t->n_cols / mi_type_block_elems(t->type) * mi_type_block_bytes(t->type) * t->n_rows;
+}
 
-// Copy one host tensor to weights + *off in the device layout; fill its device descriptor.
+// Copy one host tensor to weights + *off; fill its device descriptor.
 int mi_upload(const mi_tensor *t, uint8_t *base, size_t *off, mi_dtensor *out, bool pad = true) {
     out->type = t->type;
     out->n_cols = t->n_cols;
     out->n_rows = t->n_rows;
-    out->row_bytes = mi_dev_row_bytes(t->type, t->n_cols);
+    out->row_bytes = t->n_cols / mi_type_block_elems(t->type) * mi_type_block_bytes(t->type);
     if (!t->data) {
         out->data = nullptr;
         return MI_OK;
     }
     const size_t n = (size_t)mi_tensor_bytes(t);
-    if (const int rc = mi_upload_weights(t->type, t->data, t->n_rows, t->n_cols, base + *off)) return rc;
+    MI_CUDA_TRY(cudaMemcpy(base + *off, t->data, n, cudaMemcpyHostToDevice));
     out->data = base + *off;
     *off += pad ? mi_align(n) : n;
     return MI_OK;
@@ -824,7 +824,7 @@ extern "C" int mi_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, in
     t.type = type;
     t.n_cols = n_cols;
     t.n_rows = n_rows;
-    t.row_bytes = mi_dev_row_bytes(type, n_cols);
+    t.row_bytes = n_cols / mi_type_block_elems(type) * mi_type_block_bytes(type);
     const size_t wb = (size_t)mi_tensor_bytes(&ht), xb = (size_t)nt * n_cols * 4, yb = (size_t)nt * n_rows * 4;
     const size_t qb = quant ? (size_t)nt * (n_cols / 32) * sizeof(mi_block_q8a) : 0;
     uint8_t *buf = nullptr;
@@ -833,9 +833,9 @@ extern "C" int mi_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, in
     uint8_t *wd = buf, *xd = wd + mi_align(wb), *yd = xd + mi_align(xb), *qd = yd + mi_align(yb);
     t.data = wd;
     int rc = [&]() -> int {
-        int r;
-        if ((r = mi_upload_weights(type, w, n_rows, n_cols, wd))) return r;
+        MI_CUDA_TRY(cudaMemcpy(wd, w, wb, cudaMemcpyHostToDevice));
         MI_CUDA_TRY(cudaMemcpy(xd, x, xb, cudaMemcpyHostToDevice));
+        int r;
         if (quant && (r = mi_cuda_quantize((const float *)xd, nt, (int)n_cols, (mi_block_q8a *)qd, 0))) return r;
         if ((r = mi_cuda_mmvq(&t, nullptr, quant ? (const mi_block_q8a *)qd : nullptr, (const float *)xd, n_cols, nt,
                               (float *)yd, n_rows, nullptr, 0, 0)))

@@ -641,7 +641,7 @@ int mi_cuda_mmq(const mi_dtensor *w, const float *x, int64_t ldx, int nt, float 
 extern "C" int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
                               const float *bias, int32_t accumulate, float *y) {
     if (!mi_cuda_available()) return mi_set_error(MI_ERR_CUDA, "no CUDA device visible");
-    const int be = mi_type_block_elems(type), bb = mi_dev_block_bytes(type);
+    const int be = mi_type_block_elems(type), bb = mi_type_block_bytes(type);
     if (!bb) return mi_set_error(MI_ERR_TYPE, "CUDA mmq: unsupported type %d", type);
     if (n_rows < 1 || n_cols < 32 || n_cols % 32 || n_cols % be || nt < 1)
         return mi_set_error(MI_ERR_ARG, "CUDA mmq: bad shape (n_rows %lld, n_cols %lld, nt %d)", (long long)n_rows,
@@ -668,7 +668,7 @@ extern "C" int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64
     uint8_t *wd = buf, *xd = wd + al(wb), *yd = xd + al(xb), *bd = yd + al(yb), *sd = bd + al(bias_b), *hd = sd + al(sb);
     t.data = wd;
     int rc = [&]() -> int {
-        if (const int r = mi_upload_weights(type, w, n_rows, n_cols, wd)) return r;
+        MI_CUDA_TRY(cudaMemcpy(wd, w, wb, cudaMemcpyHostToDevice));
         MI_CUDA_TRY(cudaMemcpy(xd, x, xb, cudaMemcpyHostToDevice));
         if (bias) MI_CUDA_TRY(cudaMemcpy(bd, bias, bias_b, cudaMemcpyHostToDevice));
         // y: the caller's values when accumulating, else all-NaN bytes so a missed element shows.

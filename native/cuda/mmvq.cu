@@ -123,7 +123,7 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     const bool mma = mma_from && xq && mi_mmvq_mma_applies(w->type, w->n_rows, w->n_cols, out->any_rope);
     return mi_mmvq_groups(a, xq, xf, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
         if (!mma || g < mma_from) return mi_launch_type(w->type, w_up != nullptr, g, ga, s);
-        const cudaError_t e = mi_mmvq_mma_launch(w->type, w_up != nullptr, g, ga, s);
+        const cudaError_t e = mi_mmvq_mma_launch(w_up != nullptr, g, ga, s);
         return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (tensor cores): %s", cudaGetErrorString(e));
     });
 }

@@ -1,5 +1,5 @@
-// Verify-batch mat-vec on the int8 tensor cores: q4_K or q6_K weights times 2..8 q8a activation
-// rows, each output row bitwise equal to what the dp4a kernels (mmvq_kernels.cuh) give for that
+// Verify-batch mat-vec on the int8 tensor cores: q4_K weights times 2..8 q8a activation rows,
+// each output row bitwise equal to what the dp4a kernels (mmvq_kernels.cuh) give for that
 // activation row alone.
 //
 // Why the bits can be equal: per 32-wide chunk the dp4a kernel computes an exact integer dot
@@ -21,16 +21,6 @@
 // Reference layouts: q4_K block (144 bytes: d, dmin f16; 12 bytes of 6-bit scales / mins; qs[128],
 // chunk pair 2i / 2i + 1 = low / high nibbles of qs[32i..32i+31]): ggml-common.h block_q4_K;
 // the fragment maps: PTX ISA, "Matrix Fragments for mma.m16n8k32".
-//
-// q6_K, in its device layout (layout.cuh: GGUF's block padded to 224 bytes, so 16-aligned; ql[128]
-// low nibbles, qh[64] 2-bit high parts, scales[16] int8, d f16; ggml-common.h block_q6_K): chunk
-// k = 4n + kk of a block has element e (0..31) in byte e of ql[64n + 32 (kk & 1) ..] (nibble kk >> 1)
-// and of qh[32n ..] (bits 2 kk), and two int8 scales: sc0 for elements 0..15, sc1 for 16..31
-// (mi_qt<MI_TYPE_Q6_K>::load). The dp4a integer is sc0 * dot(0..15) + sc1 * dot(16..31). With the
-// same permuted k order, elements 0..15 are the bytes of lanes q = 0, 1 and 16..31 those of q = 2, 3,
-// so two MMAs over the same A, each with the other lanes' B zero, give the two half dots exactly.
-// A slot pair (c, c + 1; c even) shares half n, nibble kk >> 1 and the qh bytes: per weight row one
-// 8-byte qh load, one 8-byte ql load a chunk, one 4-byte scale load (both chunks' sc0, sc1) and d.
 #include "mma.cuh"
 #include "mmvq_kernels.cuh"
 
@@ -110,85 +100,9 @@ __device__ __forceinline__ void mi_mma_chunks(const mi_mma_ld<NM> &l, int c, flo
     }
 }
 
-using mi_q6k = mi_qt<MI_TYPE_Q6_K>;
-
-// Everything one q6_K slot pair's step reads, loaded before any of it is used (the activation part as
-// mi_mma_ld's).
-template <int NM> struct mi_mma_ld6 {
-    int2 xv0, xv1;             // B: activation row g, chunks c / c + 1, this lane's 8 bytes
-    float2 h00, h01, h10, h11; // (d, s) of columns 2q / 2q + 1, chunks c / c + 1 (s unused: no min)
-    int2 ql[NM][2][2];         // [matrix][row g / g + 8][chunk c + h]: this lane's 8 ql bytes
-    int2 qh[NM][2];            // [matrix][row]: this lane's 8 qh bytes (both chunks' 2-bit fields)
-    uint32_t sc[NM][2];        // [matrix][row]: sc0, sc1 of chunk c, then of chunk c + 1 (int8 bytes)
-    uint16_t d[NM][2];         // [matrix][row]: the block's f16 scale
-};
-
-template <int NM>
-__device__ __forceinline__ void mi_mma_load6(mi_mma_ld6<NM> &l, int c, const uint8_t *const (&wr)[NM][2],
-                                             const mi_block_q8a *xb, bool xb_ok, const mi_block_q8a *xc0, bool c0_ok,
-                                             const mi_block_q8a *xc1, bool c1_ok, int q) {
-    const int64_t boff = (int64_t)(c / mi_q6k::CPB) * mi_q6k::BB;
-    const int k = c % mi_q6k::CPB, n = k >> 2; // k even: chunks c, c + 1 are kk = k & 3 and kk + 1
-    l.xv0 = xb_ok ? *(const int2 *)(xb[c].qs + 8 * q) : make_int2(0, 0);
-    l.xv1 = xb_ok ? *(const int2 *)(xb[c + 1].qs + 8 * q) : make_int2(0, 0);
-    l.h00 = c0_ok ? *(const float2 *)&xc0[c] : make_float2(0.0f, 0.0f);
-    l.h01 = c1_ok ? *(const float2 *)&xc1[c] : make_float2(0.0f, 0.0f);
-    l.h10 = c0_ok ? *(const float2 *)&xc0[c + 1] : make_float2(0.0f, 0.0f);
-    l.h11 = c1_ok ? *(const float2 *)&xc1[c + 1] : make_float2(0.0f, 0.0f);
-#pragma unroll
-    for (int m = 0; m < NM; m++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const uint8_t *b = wr[m][r] + boff;
-            l.ql[m][r][0] = *(const int2 *)(b + 64 * n + 8 * q);
-            l.ql[m][r][1] = *(const int2 *)(b + 64 * n + 32 + 8 * q);
-            l.qh[m][r] = *(const int2 *)(b + 128 + 32 * n + 8 * q);
-            l.sc[m][r] = *(const uint32_t *)(b + 192 + 8 * n + 2 * (k & 3));
-            l.d[m][r] = *(const uint16_t *)(b + 208);
-        }
-}
-
-// The MMAs and f32 terms of one loaded q6_K step, added to acc[m][h][e] (h: chunk c + h), in the
-// dp4a kernel's formula: isum = sc0 * dot(0..15) + sc1 * dot(16..31), then (dw * a.d) * isum.
-template <int NM>
-__device__ __forceinline__ void mi_mma_chunks6(const mi_mma_ld6<NM> &l, int c, float (&acc)[NM][2][4], int q) {
-    const int k = c % mi_q6k::CPB;
-    const int shl = 4 * ((k & 3) >> 1);
-    const bool lo_half = q < 2; // this lane's bytes are elements 0..15 (else 16..31)
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-        const float dw0 = __half2float(__ushort_as_half(l.d[m][0])), dw1 = __half2float(__ushort_as_half(l.d[m][1]));
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int shh = 2 * ((k & 3) + h);
-            uint32_t a[4]; // A regs: (row g, bytes 8q..8q+3), (row g + 8, same), (row g, 8q+4..), (row g + 8, same)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = i & 1;
-                const uint32_t lw = (uint32_t)((i >> 1) ? l.ql[m][r][h].y : l.ql[m][r][h].x);
-                const uint32_t hw = (uint32_t)((i >> 1) ? l.qh[m][r].y : l.qh[m][r].x);
-                a[i] = __vsub4(((lw >> shl) & 0x0F0F0F0Fu) | (((hw >> shh) & 0x03030303u) << 4), 0x20202020u);
-            }
-            const int2 xv = h ? l.xv1 : l.xv0;
-            const uint32_t bx = (uint32_t)xv.x, by = (uint32_t)xv.y;
-            int s0[4], s1[4];
-            mi_mma_s8(s0, a, lo_half ? bx : 0u, lo_half ? by : 0u);   // elements 0..15 only
-            mi_mma_s8(s1, a, lo_half ? 0u : bx, lo_half ? 0u : by);   // elements 16..31 only
-            const uint32_t sg = l.sc[m][0] >> (16 * h), sg8 = l.sc[m][1] >> (16 * h);
-            const int sc0g = (int)(int8_t)(sg & 0xFF), sc1g = (int)(int8_t)((sg >> 8) & 0xFF);
-            const int sc0g8 = (int)(int8_t)(sg8 & 0xFF), sc1g8 = (int)(int8_t)((sg8 >> 8) & 0xFF);
-            const float2 e0 = h ? l.h10 : l.h00, e1 = h ? l.h11 : l.h01;
-            acc[m][h][0] = __fadd_rn(acc[m][h][0], mi_chunk_term<MI_TYPE_Q6_K>(dw0, 0.0f, e0.x, e0.y, sc0g * s0[0] + sc1g * s1[0]));
-            acc[m][h][1] = __fadd_rn(acc[m][h][1], mi_chunk_term<MI_TYPE_Q6_K>(dw0, 0.0f, e1.x, e1.y, sc0g * s0[1] + sc1g * s1[1]));
-            acc[m][h][2] = __fadd_rn(acc[m][h][2], mi_chunk_term<MI_TYPE_Q6_K>(dw1, 0.0f, e0.x, e0.y, sc0g8 * s0[2] + sc1g8 * s1[2]));
-            acc[m][h][3] = __fadd_rn(acc[m][h][3], mi_chunk_term<MI_TYPE_Q6_K>(dw1, 0.0f, e1.x, e1.y, sc0g8 * s0[3] + sc1g8 * s1[3]));
-        }
-    }
-}
-
-template <int T, int NT, bool GLU>
+template <int NT, bool GLU>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
-    mi_mmvq_mma_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
+    mi_mmvq_mma_q4k_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
                            int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os,
                            int accumulate, int tpr) {
     constexpr int NM = GLU ? 2 : 1; // matrices (gate, up)
@@ -230,15 +144,9 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[m][h][e] = 0.0f;
             for (int c = 32 * grp + jj; c < nchunks; c += tpr) { // c even: chunks c, c + 1
-                if constexpr (T == MI_TYPE_Q4_K) {
-                    mi_mma_ld<NM> ld;
-                    mi_mma_load<NM>(ld, c, wr, xb, xb_ok, xc0, c0_ok, xc1, c1_ok, q);
-                    mi_mma_chunks<NM>(ld, c, acc, lane, q);
-                } else {
-                    mi_mma_ld6<NM> ld;
-                    mi_mma_load6<NM>(ld, c, wr, xb, xb_ok, xc0, c0_ok, xc1, c1_ok, q);
-                    mi_mma_chunks6<NM>(ld, c, acc, q);
-                }
+                mi_mma_ld<NM> ld;
+                mi_mma_load<NM>(ld, c, wr, xb, xb_ok, xc0, c0_ok, xc1, c1_ok, q);
+                mi_mma_chunks<NM>(ld, c, acc, lane, q);
             }
 #pragma unroll
             for (int m = 0; m < NM; m++)
@@ -286,26 +194,14 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     if (os.yq) mi_group_quant<NT>(os, r0, MI_MMA_ROWS);
 }
 
-template <int T, int NT> cudaError_t mi_mma_one(bool glu, const mi_mmvq_args &a, cudaStream_t s) {
+template <int NT> cudaError_t mi_mma_one(bool glu, const mi_mmvq_args &a, cudaStream_t s) {
     const int tpr = a.warp ? 32 * a.warp : MI_MMVQ_THREADS / a.rpb; // threads a row of the nt = 1 kernel
     const int grid = a.n_rows / MI_MMA_ROWS;
     if (glu)
-        return mi_launch(mi_mmvq_mma_kernel<T, NT, true>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
+        return mi_launch(mi_mmvq_mma_q4k_kernel<NT, true>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, tpr);
-    return mi_launch(mi_mmvq_mma_kernel<T, NT, false>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
+    return mi_launch(mi_mmvq_mma_q4k_kernel<NT, false>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                      a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, tpr);
-}
-
-template <int T> cudaError_t mi_mma_nt(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s) {
-    switch (nt) {
-    case 2: return mi_mma_one<T, 2>(glu, a, s);
-    case 3: return mi_mma_one<T, 3>(glu, a, s);
-    case 4: return mi_mma_one<T, 4>(glu, a, s);
-    case 5: return mi_mma_one<T, 5>(glu, a, s);
-    case 6: return mi_mma_one<T, 6>(glu, a, s);
-    case 7: return mi_mma_one<T, 7>(glu, a, s);
-    default: return mi_mma_one<T, 8>(glu, a, s);
-    }
 }
 
 } // namespace
@@ -313,16 +209,20 @@ template <int T> cudaError_t mi_mma_nt(bool glu, int nt, const mi_mmvq_args &a, 
 static uint64_t mi_mma_count = 0; // launches so far (mi_cuda_mmvq_mma_launches)
 extern "C" uint64_t mi_cuda_mmvq_mma_launches(void) { return __atomic_load_n(&mi_mma_count, __ATOMIC_RELAXED); }
 
-// MI_CUDA_MMVQ_MMA_Q6K = 0 keeps q6_K matrices on the dp4a kernels (an A/B switch, read at every
-// call like MI_CUDA_MMVQ_MMA; anything else or unset: they take the tensor cores too).
 bool mi_mmvq_mma_applies(int type, int64_t n_rows, int64_t n_cols, int any_rope) {
-    const char *q6 = getenv("MI_CUDA_MMVQ_MMA_Q6K");
-    const bool type_ok = type == MI_TYPE_Q4_K || (type == MI_TYPE_Q6_K && !(q6 && q6[0] == '0' && !q6[1]));
-    return type_ok && n_rows % MI_MMA_ROWS == 0 && n_cols % 256 == 0 && !any_rope;
+    return type == MI_TYPE_Q4_K && n_rows % MI_MMA_ROWS == 0 && n_cols % 256 == 0 && !any_rope;
 }
 
-cudaError_t mi_mmvq_mma_launch(int type, bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s) {
-    if (nt < 2 || nt > 8 || (type != MI_TYPE_Q4_K && type != MI_TYPE_Q6_K)) return cudaErrorInvalidValue;
+cudaError_t mi_mmvq_mma_launch(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s) {
+    if (nt < 2 || nt > 8) return cudaErrorInvalidValue;
     __atomic_add_fetch(&mi_mma_count, 1, __ATOMIC_RELAXED);
-    return type == MI_TYPE_Q4_K ? mi_mma_nt<MI_TYPE_Q4_K>(glu, nt, a, s) : mi_mma_nt<MI_TYPE_Q6_K>(glu, nt, a, s);
+    switch (nt) {
+    case 2: return mi_mma_one<2>(glu, a, s);
+    case 3: return mi_mma_one<3>(glu, a, s);
+    case 4: return mi_mma_one<4>(glu, a, s);
+    case 5: return mi_mma_one<5>(glu, a, s);
+    case 6: return mi_mma_one<6>(glu, a, s);
+    case 7: return mi_mma_one<7>(glu, a, s);
+    default: return mi_mma_one<8>(glu, a, s);
+    }
 }

@@ -6,7 +6,6 @@
 #ifndef MI_CUDA_QTYPES_CUH
 #define MI_CUDA_QTYPES_CUH
 #include "common.cuh"
-#include "layout.cuh"
 
 struct mi_chunk {
     int q[8];
@@ -30,6 +29,18 @@ __device__ __forceinline__ void mi_scale_min_k4(int j, const uint8_t *q, int &d,
 }
 
 template <int T> struct mi_qt;
+
+// 32 bytes from a 2-aligned address as 8 words: 9 aligned 4-byte loads funnel-shifted by 0 or 16
+// bits. Reads at most 2 bytes before and 2 after the range (callers keep both inside the block).
+__device__ __forceinline__ void mi_ld32_a2(const uint8_t *p, uint32_t *out) {
+    const uint32_t *w = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 2u) * 8u;
+    uint32_t v[9];
+#pragma unroll
+    for (int i = 0; i < 9; i++) v[i] = w[i];
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = __funnelshift_r(v[i], v[i + 1], sh);
+}
 
 // Q4_K / Q5_K: d, dmin and the 12 scale bytes are the block's first 16 bytes (one 16-byte load);
 // chunk k's 6-bit scale and min as mi_scale_min_k4, then the chunk's dw and mw.
@@ -149,17 +160,15 @@ template <> struct mi_qt<MI_TYPE_Q5_K> {
     }
 };
 template <> struct mi_qt<MI_TYPE_Q6_K> {
-    // The device layout (layout.cuh): GGUF's 210-byte block padded to 224, so 16-aligned.
-    static constexpr int CPB = 8, BB = MI_Q6K_DEV_BB, HAS_MIN = 0;
+    static constexpr int CPB = 8, BB = 210, HAS_MIN = 0;
     static __device__ __forceinline__ void load(const uint8_t *b, int k, mi_chunk &c) {
         // Half n = k/4 holds 4 interleaved chunks: kk&1 picks ql[+32], kk>>1 the high nibble,
-        // and qh's 2-bit field 2*kk (ggml's dequantize_row_q6_K order).
+        // and qh's 2-bit field 2*kk (ggml's dequantize_row_q6_K order). Blocks are 2-aligned.
         const int n = k >> 2, kk = k & 3;
-        const uint4 *pl = (const uint4 *)(b + 64 * n + 32 * (kk & 1));
-        const uint4 *ph = (const uint4 *)(b + 128 + 32 * n);
-        const uint4 l0 = pl[0], l1 = pl[1], h0 = ph[0], h1 = ph[1];
-        const uint32_t l[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-        const uint32_t h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        // ql and qh are only 2-aligned: 9 aligned words each, funnel-shifted into place.
+        uint32_t l[8], h[8];
+        mi_ld32_a2(b + 64 * n + 32 * (kk & 1), l);
+        mi_ld32_a2(b + 128 + 32 * n, h);
         const int shl = 4 * (kk >> 1), shh = 2 * kk;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
