@@ -1,0 +1,176 @@
+// Probe: can a few SMs stream weights at a useful share of DRAM bandwidth, and what does a thread
+// block cluster barrier cost? Decides whether a draft step (the 0.5B's ~200 dependent launches, each
+// 1.2-5.3 us: docs/perf.md, session 8) could run as ONE persistent kernel on one cluster of <= 16 SMs,
+// its phases (norm, q/k/v, attention, o, gate/up, down) separated by hardware cluster barriers instead
+// of launches, its weights streamed by the Hopper bulk-copy engine (TMA) into a shared-memory ring
+// that keeps streaming across the barriers. Such a kernel pays off only if (a) 16 SMs read at
+// >= ~2 TB/s and (b) a cluster barrier costs well under a PDL launch (0.7-1.8 us, session 10).
+//
+// (a) One block per SM (forced by its shared memory), N blocks each reading a contiguous slice of
+//     min(256 MiB / N, 24 MiB), each launch the next region of a 256 MiB buffer (L2 is 60 MB: a
+//     region was last read >= 60 MB of reads ago, so the reads come from DRAM), two ways: plain 16-byte loads (1,024
+//     threads, 8 loads in flight each: 128 KiB an SM) and cp.async.bulk into a ring of 4 x 48 KiB
+//     completed by an mbarrier (PTX ISA "cp.async.bulk", "mbarrier"), the block then reading every
+//     word from shared memory. Every word is XORed into a stored value (no dead loads). GB/s over
+//     the median of 9 reps (CUDA events).
+// (b) barrier.cluster.arrive.release + wait.acquire, 20,000 times in a loop, clusters of 2..16
+//     blocks (16 needs the non-portable cluster size attribute), one cluster and 8 at once.
+//   nvcc -O3 -arch=sm_90 -o /tmp/sm_stream_probe bench/sm_stream_probe.cu && /tmp/sm_stream_probe
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <algorithm>
+#include <vector>
+#include "cuda_check.cuh"
+
+constexpr size_t BUF = (size_t)256 << 20;
+constexpr int STAGES = 4, CHUNK = 48 << 10; // bulk ring: 4 x 48 KiB = 192 KiB an SM
+constexpr int THREADS = 1024;
+
+__device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+__device__ __forceinline__ void publish(uint32_t h, uint32_t *out) {
+    __shared__ uint32_t s[32];
+    for (int o = 16; o; o >>= 1) h ^= __shfl_xor_sync(0xffffffffu, h, o);
+    if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = h;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < (int)blockDim.x / 32; i++) h ^= s[i];
+        out[blockIdx.x] = h ^ s[0];
+    }
+}
+
+// (a1) plain loads: block b reads bytes [b*per, (b+1)*per), 8 uint4 a thread in flight.
+__global__ void __launch_bounds__(THREADS) ld_kernel(const uint4 *__restrict__ src, size_t per16, uint32_t *out) {
+    extern __shared__ uint8_t pin[]; // only to hold one block per SM
+    const uint4 *p = src + blockIdx.x * per16;
+    uint32_t h = pin[0] * 0u;
+    for (size_t i = threadIdx.x; i < per16; i += 8 * THREADS) {
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = i + u * THREADS < per16 ? __ldcs(p + i + u * THREADS) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < 8; u++) h ^= fold(v[u]);
+    }
+    publish(h, out);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// (a2) bulk copies: thread 0 keeps STAGES chunks in flight; all threads fold each landed chunk.
+__global__ void __launch_bounds__(THREADS) bulk_kernel(const uint8_t *__restrict__ src, size_t per, uint32_t *out) {
+    extern __shared__ __align__(128) uint8_t ring[]; // [STAGES][CHUNK]
+    __shared__ __align__(8) uint64_t bar[STAGES];
+    const uint8_t *p = src + blockIdx.x * per;
+    const int n = (int)(per / CHUNK);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[s])));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    auto issue = [&](int c) {
+        const int s = c % STAGES;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[s])), "r"(CHUNK)
+                     : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         smem_u32(ring + (size_t)s * CHUNK)),
+                     "l"(p + (size_t)c * CHUNK), "r"(CHUNK), "r"(smem_u32(&bar[s]))
+                     : "memory");
+    };
+    if (threadIdx.x == 0)
+        for (int c = 0; c < STAGES && c < n; c++) issue(c);
+    uint32_t h = 0;
+    for (int c = 0; c < n; c++) {
+        const int s = c % STAGES;
+        const uint32_t parity = (uint32_t)(c / STAGES) & 1u;
+        asm volatile("{\n .reg .pred P;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n @!P bra WAIT_%=;\n}" ::"r"(
+                         smem_u32(&bar[s])),
+                     "r"(parity)
+                     : "memory");
+        const uint4 *q = (const uint4 *)(ring + (size_t)s * CHUNK);
+        for (int i = threadIdx.x; i < CHUNK / 16; i += THREADS) h ^= fold(q[i]);
+        __syncthreads(); // everyone is done with stage s before it is refilled
+        if (threadIdx.x == 0 && c + STAGES < n) issue(c + STAGES);
+    }
+    publish(h, out);
+}
+
+// (b) cluster barrier loop.
+__global__ void cluster_kernel(int iters, uint32_t *out) {
+    for (int i = 0; i < iters; i++)
+        asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (threadIdx.x == 0) out[blockIdx.x] = iters;
+}
+
+template <class F> float median_ms(F &&launch, int reps = 9) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    launch(); // warm-up
+    CK(cudaDeviceSynchronize());
+    std::vector<float> t;
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(a));
+        launch();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+int main() {
+    uint8_t *buf;
+    uint32_t *out;
+    CK(cudaMalloc(&buf, BUF));
+    CK(cudaMalloc(&out, 4096 * 4));
+    CK(cudaMemset(buf, 0x5a, BUF));
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int ring = STAGES * CHUNK;
+    CK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring));
+    CK(cudaFuncSetAttribute(ld_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring));
+    printf("(a) streaming a 256 MiB buffer with N blocks (one an SM), GB/s\n");
+    printf("%6s %12s %12s\n", "N", "plain loads", "bulk copies");
+    for (int nb : {1, 2, 4, 8, 16, 32, 66, sms}) {
+        const size_t per = std::min(BUF / nb, (size_t)24 << 20) / CHUNK * CHUNK; // whole chunks a block
+        const size_t region = per * nb, n_regions = BUF / region;
+        size_t k = 0; // launch counter: the region each launch reads
+        auto at = [&] { return buf + (k++ % n_regions) * region; };
+        const float t_ld = median_ms([&] { ld_kernel<<<nb, THREADS, ring>>>((const uint4 *)at(), per / 16, out); });
+        CK(cudaGetLastError());
+        const float t_bk = median_ms([&] { bulk_kernel<<<nb, THREADS, ring>>>(at(), per, out); });
+        CK(cudaGetLastError());
+        const double bytes = (double)per * nb;
+        printf("%6d %12.0f %12.0f\n", nb, bytes / t_ld / 1e6, bytes / t_bk / 1e6);
+    }
+    printf("(b) cluster barrier (arrive.release + wait.acquire), us each, 20,000 in a loop\n");
+    printf("%8s %14s %14s\n", "cluster", "1 cluster", "8 clusters");
+    CK(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    const int iters = 20000;
+    for (int c : {2, 4, 8, 16}) {
+        float us[2];
+        for (int k = 0; k < 2; k++) {
+            const int nclusters = k ? 8 : 1;
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(c * nclusters);
+            cfg.blockDim = dim3(256);
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = c;
+            at[0].val.clusterDim.y = 1;
+            at[0].val.clusterDim.z = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            const float ms = median_ms([&] { CK(cudaLaunchKernelEx(&cfg, cluster_kernel, iters, out)); }, 5);
+            us[k] = ms * 1e3f / iters;
+        }
+        printf("%8d %14.3f %14.3f\n", c, us[0], us[1]);
+    }
+    CK(cudaFree(buf));
+    CK(cudaFree(out));
+    return 0;
+}
