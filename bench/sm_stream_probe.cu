@@ -15,6 +15,12 @@
 //     the median of 9 reps (CUDA events).
 // (b) barrier.cluster.arrive.release + wait.acquire, 20,000 times in a loop, clusters of 2..16
 //     blocks (16 needs the non-portable cluster size attribute), one cluster and 8 at once.
+// (c) Both together, as a draft step would use them: one cluster of C blocks streams a decode
+//     step's layer weights (the real Qwen2.5 Q4_K_M files' bytes a phase: q/k/v, attention (none),
+//     o, gate + up, down; LM head left out: a wide kernel of its own would read it) through the
+//     bulk-copy ring, 4 dp4a a 16-byte word standing in for the mat-vec's arithmetic, with a cluster
+//     barrier after every phase (5 a layer); the ring keeps its copies in flight across barriers.
+//     Against the same stream without barriers. us a step, median of 9.
 //   nvcc -O3 -arch=sm_90 -o /tmp/sm_stream_probe bench/sm_stream_probe.cu && /tmp/sm_stream_probe
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -102,6 +108,61 @@ __global__ void cluster_kernel(int iters, uint32_t *out) {
     if (threadIdx.x == 0) out[blockIdx.x] = iters;
 }
 
+// (c) The weights of a step as phases of bytes (each a multiple of CHUNK x C after rounding up),
+// block b of the cluster taking every C-th chunk of a phase; a cluster barrier ends each phase.
+__global__ void __launch_bounds__(THREADS) phase_kernel(const uint8_t *__restrict__ src, const int *__restrict__ phase_chunks,
+                                                         int n_phases, int barriers, uint32_t *out) {
+    const size_t n_buf_chunks = BUF / CHUNK; // the stream wraps around the buffer (> L2: still DRAM)
+    extern __shared__ __align__(128) uint8_t ring[]; // [STAGES][CHUNK]
+    __shared__ __align__(8) uint64_t bar[STAGES];
+    uint32_t rank, csize;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(csize));
+    int total = 0; // this block's chunks over all phases
+    for (int p = 0; p < n_phases; p++) total += phase_chunks[p] / (int)csize;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[s])));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    // chunk c of this block is global chunk rank + C * c of the concatenated phases
+    auto issue = [&](int c) {
+        const int s = c % STAGES;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[s])), "r"(CHUNK)
+                     : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         smem_u32(ring + (size_t)s * CHUNK)),
+                     "l"(src + (((size_t)rank + (size_t)csize * c) % n_buf_chunks) * CHUNK), "r"(CHUNK), "r"(smem_u32(&bar[s]))
+                     : "memory");
+    };
+    if (threadIdx.x == 0)
+        for (int c = 0; c < STAGES && c < total; c++) issue(c);
+    uint32_t h = 0;
+    const int a = 0x01020304 + threadIdx.x;
+    int c = 0;
+    for (int p = 0; p < n_phases; p++) {
+        const int n = phase_chunks[p] / (int)csize;
+        for (int i = 0; i < n; i++, c++) {
+            const int s = c % STAGES;
+            const uint32_t parity = (uint32_t)(c / STAGES) & 1u;
+            asm volatile("{\n .reg .pred P;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n @!P bra WAIT_%=;\n}" ::"r"(
+                             smem_u32(&bar[s])),
+                         "r"(parity)
+                         : "memory");
+            const uint4 *q = (const uint4 *)(ring + (size_t)s * CHUNK);
+            for (int j = threadIdx.x; j < CHUNK / 16; j += THREADS) {
+                const uint4 v = q[j];
+                h = __dp4a((int)v.x, a, __dp4a((int)v.y, a, __dp4a((int)v.z, a, __dp4a((int)v.w, a, (int)h))));
+            }
+            __syncthreads();
+            if (threadIdx.x == 0 && c + STAGES < total) issue(c + STAGES);
+        }
+        if (barriers)
+            asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    }
+    publish(h, out + rank * 0);
+}
+
 template <class F> float median_ms(F &&launch, int reps = 9) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
@@ -170,6 +231,48 @@ int main() {
         }
         printf("%8d %14.3f %14.3f\n", c, us[0], us[1]);
     }
+    printf("(c) a step's layer weights streamed by one cluster, 5 cluster barriers a layer, us a step\n");
+    printf("%-28s %8s %10s %12s %14s\n", "shape", "cluster", "MB", "no barriers", "with barriers");
+    CK(cudaFuncSetAttribute(phase_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring));
+    CK(cudaFuncSetAttribute(phase_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    struct Shape { const char *name; int layers; double kb[5]; };
+    // KB a phase: q/k/v, attention, o, gate + up, down (real Q4_K_M files: 0.5B q5_0 / q8_0 v /
+    // q4_K-q6_K down, 1.5B q4_K / q6_K v and down in half the layers: the mean bytes a weight)
+    const Shape shapes[] = {{"qwen2.5-0.5B (draft)", 24, {752, 0, 552, 5990, 3000}},
+                            {"qwen2.5-1.5B", 28, {1820, 0, 1330, 15500, 9500}}};
+    int *d_phases;
+    CK(cudaMalloc(&d_phases, 4 * 5 * 64));
+    for (const Shape &sh : shapes) {
+        for (int c : {8, 16}) {
+            std::vector<int> ph;
+            double mb = 0;
+            for (int l = 0; l < sh.layers; l++)
+                for (int p = 0; p < 5; p++) {
+                    int n = (int)((sh.kb[p] * 1024 + CHUNK - 1) / CHUNK);
+                    n = (n + c - 1) / c * c; // whole rounds of the cluster's blocks
+                    ph.push_back(n);
+                    mb += (double)n * CHUNK / 1e6;
+                }
+            CK(cudaMemcpy(d_phases, ph.data(), ph.size() * 4, cudaMemcpyHostToDevice));
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(c);
+            cfg.blockDim = dim3(THREADS);
+            cfg.dynamicSmemBytes = ring;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = c;
+            at[0].val.clusterDim.y = 1;
+            at[0].val.clusterDim.z = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            float ms[2];
+            for (int b = 0; b < 2; b++)
+                ms[b] = median_ms([&] { CK(cudaLaunchKernelEx(&cfg, phase_kernel, (const uint8_t *)buf, (const int *)d_phases,
+                                                              (int)ph.size(), b, out)); });
+            printf("%-28s %8d %10.1f %12.1f %14.1f\n", sh.name, c, mb, ms[0] * 1e3, ms[1] * 1e3);
+        }
+    }
+    CK(cudaFree(d_phases));
     CK(cudaFree(buf));
     CK(cudaFree(out));
     return 0;
