@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence, Union
 from .generate import Chunk, GenerationResult, generate_stream
 from .ngram import NgramSpec
 from .sampling import SamplingParams
-from .tokenizer import check_unicode
+from .tokenizer import ChatTemplateError, check_unicode
 
 __all__ = ["LLM", "Chunk", "GenerationResult", "Prompt", "ChatTemplateError", "MessageError", "ROLES"]
 
@@ -40,10 +40,6 @@ class MessageError(ValueError):
     def __init__(self, message: str, param: str = "messages"):
         super().__init__(message)
         self.param = param
-
-
-class ChatTemplateError(ValueError):
-    """The model's chat template itself is broken (a jinja syntax error): no request can fix it."""
 
 
 class LLM:
@@ -184,20 +180,8 @@ class LLM:
             ValueError: the model has no template, or the template refuses these messages (its
                 ``raise_exception``, or an error while rendering them).
         """
-        from jinja2 import TemplateError, TemplateSyntaxError
-
         msgs = _check_messages(messages)
-        try:
-            return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)
-        except TemplateSyntaxError as e:
-            raise ChatTemplateError(f"this model's chat template (tokenizer.chat_template in the GGUF) does not "
-                                    f"compile: {e.message} (template line {e.lineno}); chat requests cannot be "
-                                    "rendered: give a raw prompt instead") from e
-        except ValueError:  # no template, or the template's raise_exception: already says what is wrong
-            raise
-        except (TemplateError, TypeError, AttributeError, KeyError, IndexError) as e:
-            # an error inside the render, e.g. a template that needs a field these messages lack
-            raise ValueError(f"the chat template could not render these messages: {type(e).__name__}: {e}") from e
+        return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)
 
     # ------------------------------------------------------------------ generation
     def prompt_ids(self, prompt: Prompt) -> list[int]:

@@ -603,26 +603,45 @@ class Tokenizer:
         Uses ``ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)`` like HF transformers;
         ``bos_token``/``eos_token``, ``raise_exception`` and a ``tojson`` that keeps non-ASCII are provided.
         Extra keyword arguments (e.g. ``tools``) are passed to the template.
-        Raises ValueError when the GGUF has no chat template or the template raises.
+        Raises ChatTemplateError (a ValueError) when the template does not compile, ValueError when
+        the GGUF has no chat template, the template raises (its ``raise_exception``) or rendering
+        these messages fails inside it (a jinja error, or a TypeError / KeyError ... from a field
+        the template expects).
         """
+        from jinja2 import TemplateError, TemplateSyntaxError
+
         if not self.chat_template:
             raise ValueError("this GGUF has no chat template (tokenizer.chat_template is missing)")
         compiled = getattr(self, "_compiled_template", None)
-        if compiled is None:
-            compiled = _compile_template(self.chat_template)
-            self._compiled_template = compiled
-        ctx: dict[str, Any] = {
-            "bos_token": self._tokens[self.bos_id] if self.bos_id is not None else "",
-            "eos_token": self._tokens[self.eos_id] if self.eos_id is not None else "",
-        }
-        ctx.update(template_vars)
-        ctx["messages"] = messages
-        ctx["add_generation_prompt"] = add_generation_prompt
-        return compiled.render(**ctx)
+        try:
+            if compiled is None:
+                compiled = _compile_template(self.chat_template)
+                self._compiled_template = compiled
+            ctx: dict[str, Any] = {
+                "bos_token": self._tokens[self.bos_id] if self.bos_id is not None else "",
+                "eos_token": self._tokens[self.eos_id] if self.eos_id is not None else "",
+            }
+            ctx.update(template_vars)
+            ctx["messages"] = messages
+            ctx["add_generation_prompt"] = add_generation_prompt
+            return compiled.render(**ctx)
+        except TemplateSyntaxError as e:
+            raise ChatTemplateError(f"this model's chat template (tokenizer.chat_template in the GGUF) does not "
+                                    f"compile: {e.message} (template line {e.lineno}); chat requests cannot be "
+                                    "rendered: give a raw prompt instead") from e
+        except ValueError:  # the template's raise_exception: already says what is wrong
+            raise
+        except (TemplateError, TypeError, AttributeError, KeyError, IndexError) as e:
+            # an error inside the render, e.g. a template that needs a field these messages lack
+            raise ValueError(f"the chat template could not render these messages: {type(e).__name__}: {e}") from e
 
     def __repr__(self) -> str:
         return (f"Tokenizer(model={self.model_type!r}, pre={self.pre_type!r}, n_vocab={self.n_vocab}, "
                 f"bos={self.bos_id}, eos={self.eos_id}, eog={sorted(self.eog_ids)})")
+
+
+class ChatTemplateError(ValueError):
+    """The model's chat template itself is broken (a jinja syntax error): no request can fix it."""
 
 
 class _TemplateError(ValueError):

@@ -122,6 +122,34 @@ def test_cli_errors_are_one_line(tmp_path, smol_path):
     assert out.returncode == 1 and "empty" in out.stderr
 
 
+def _broken_template_copy(src: Path, dst: Path) -> Path:
+    """A copy of src whose chat template has one "{%" turned into "{{" (same length, patched in
+    place): a jinja syntax error in an otherwise valid file."""
+    data = bytearray(src.read_bytes())
+    key = data.find(b"tokenizer.chat_template")
+    at = data.find(b"{%", key)
+    assert key > 0 and at > key
+    data[at:at + 2] = b"{{"
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def test_broken_chat_template_is_one_line_in_the_cli(tmp_path, smol_path):
+    """run --chat and chat with a template that does not compile: the CLI's one-line error naming
+    the template, not jinja's traceback (the API and the server already said so)."""
+    p = _broken_template_copy(smol_path, tmp_path / "badtmpl.gguf")
+    for args, stdin in ((["run", "--chat", "-p", "hi", "-n", "2"], None), (["chat", "-n", "2"], "hi\n")):
+        out = subprocess.run([sys.executable, "-m", "pyminfer", *args, "-m", str(p), "--device", "cpu"], input=stdin,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, (args, out.stderr)
+        assert "Traceback" not in out.stderr and "chat template" in out.stderr and "does not compile" in out.stderr, \
+            out.stderr
+    # the raw prompt still works with the same file
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-p", "hi", "-n", "2", "-m", str(p), "--device",
+                          "cpu"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
 def test_non_consecutive_positions(smol):
     from pyminfer._core import NativeError
 
