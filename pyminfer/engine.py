@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _core
 from .gguf_model import GGUFModel
+from .sampling import NaNLogitsError
 from .tokenizer import Tokenizer
 
 INT_MAX = 2**31 - 1  # the native core's int arguments (n_ctx, max_nt, n_threads)
@@ -123,7 +124,8 @@ class Model:
         """Evaluate ``tokens`` at positions start.. (one batch, len <= max_nt).
 
         Returns f32 logits [len(out_rows), n_vocab] when ``logits`` else int32 argmax [len(out_rows)].
-        Raises ContextFull past n_ctx, ValueError for a batch over max_nt.
+        Raises ContextFull past n_ctx, ValueError for a batch over max_nt, NaNLogitsError (argmax
+        only: logits are the sampler's to check) where a row's logits held a NaN.
         """
         n = len(tokens)
         if n > self.max_nt:
@@ -138,7 +140,7 @@ class Model:
             return out
         am = np.empty(len(rows), np.int32)
         self.ctx.forward(tk, pos, rows, None, am)
-        return am
+        return _checked(am)
 
     def submit(self, tokens: Sequence[int], start: int, out_rows: Sequence[int]) -> None:
         """Start the forward ``forward(tokens, start, out_rows, logits=False)`` would run and return
@@ -160,10 +162,11 @@ class Model:
         return bool(self.ctx.forward_ready())
 
     def wait(self) -> np.ndarray:
-        """Wait for the submitted forward; its int32 argmax ids [len(out_rows)]."""
+        """Wait for the submitted forward; its int32 argmax ids [len(out_rows)]. NaNLogitsError as
+        ``forward``."""
         am = np.empty(self._pend_rows, np.int32)
         self.ctx.forward_wait(am)
-        return am
+        return _checked(am)
 
     def prefill(self, tokens: Sequence[int], start: int, *, logits: bool = True) -> np.ndarray:
         """Evaluate a prompt in chunks of max_nt; returns the last token's logits [n_vocab] (or its
@@ -178,6 +181,13 @@ class Model:
             out = self.forward(chunk, start + i, [len(chunk) - 1] if last else [], logits=logits)
         assert out is not None
         return out[0] if logits else out
+
+
+def _checked(argmax: np.ndarray) -> np.ndarray:
+    """The native argmax ids, or NaNLogitsError where a row's logits held a NaN (its id is -1)."""
+    if argmax.size and int(argmax.min()) < 0:
+        raise NaNLogitsError(NaNLogitsError.MESSAGE)
+    return argmax
 
 
 class ContextFull(ValueError):

@@ -97,7 +97,12 @@ class Sampler:
         lg = logits.astype(np.float32, copy=True)
         apply_repeat_penalty(lg, self.penalty_window(history), p.repeat_penalty)
         if p.greedy:
-            return int(np.argmax(lg))
+            i = int(np.argmax(lg))  # the first NaN where there is one (numpy propagates NaN)
+            if np.isnan(lg[i]):
+                raise NaNLogitsError(NaNLogitsError.MESSAGE)
+            return i
+        if np.isnan(lg.max()):
+            raise NaNLogitsError(NaNLogitsError.MESSAGE)
         # candidates: top-k first (sorts only k values), then the nucleus and min-p cuts
         k = p.top_k if 0 < p.top_k < lg.size else lg.size
         idx = np.argpartition(-lg, k - 1)[:k] if k < lg.size else np.arange(lg.size)
@@ -117,6 +122,13 @@ class Sampler:
         w = np.exp(z)
         w /= w.sum()
         return int(idx[self.rng.choice(len(idx), p=w)])
+
+
+class NaNLogitsError(RuntimeError):
+    """The model produced NaN logits: no token can be chosen (corrupt weights, or an overflow)."""
+
+    MESSAGE = ("the model produced NaN logits: its weights are probably corrupt (a NaN, or values that "
+               "overflow, in the GGUF file)")
 
 
 class StopChecker:

@@ -150,6 +150,47 @@ def test_broken_chat_template_is_one_line_in_the_cli(tmp_path, smol_path):
     assert out.returncode == 0, out.stderr
 
 
+def _nan_output_model(device: int):
+    """A small synthetic model whose f32 LM head has a NaN in vocabulary row 7: that logit is NaN at
+    every position (bench/bench_gpu.py's synthetic weights); a native context on ``device``."""
+    import pyminfer._core as core
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import bench_gpu as bg
+
+    types = dict(bg.qwen_types(2), output=bg.F32)
+    cfg, tensors, keep, _ = bg.synthetic_model(np.random.default_rng(3), n_layer=2, n_embd=256, n_ff=512, n_head=4,
+                                               n_head_kv=2, head_dim=64, n_vocab=1000, types=types, qk_gain=1.0)
+    out = next(a for a in keep if a.ctypes.data == tensors["output"][0])
+    out.view(np.float32).reshape(1000, 256)[7, 3] = np.nan
+    return core.Context(cfg, tensors, 64, 8, 1, device, keep), keep
+
+
+def test_nan_logits_are_an_error_not_token_zero():
+    """Corrupt weights that make a logit NaN: the native argmax gives -1 for that row (not the first
+    id, which decoded as a silent end of generation), the engine and the sampler raise
+    NaNLogitsError; the CLI prints it as one line (RuntimeError)."""
+    from pyminfer.sampling import NaNLogitsError, Sampler
+    from pyminfer.engine import _checked
+
+    ctx, _keep = _nan_output_model(0)
+    toks, pos, rows = (np.array(v, np.int32) for v in ([5, 6, 7], [0, 1, 2], [0, 1, 2]))
+    logits = np.zeros((3, 1000), np.float32)
+    am = np.zeros(3, np.int32)
+    ctx.forward(toks, pos, rows, logits, am)
+    assert np.isnan(logits[:, 7]).all() and not np.isnan(np.delete(logits, 7, axis=1)).any()
+    assert (am == -1).all()
+    with pytest.raises(NaNLogitsError, match="NaN logits"):
+        _checked(am)
+    assert issubclass(NaNLogitsError, RuntimeError)
+    for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
+                   SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, seed=1)):
+        with pytest.raises(NaNLogitsError):
+            Sampler(params).sample(logits[0], [1])
+    clean = np.delete(logits[0], 7)  # the same row without its NaN samples as before
+    assert Sampler(SamplingParams(temperature=0.0)).sample(clean, [1]) == int(np.argmax(clean))
+
+
 def test_non_consecutive_positions(smol):
     from pyminfer._core import NativeError
 

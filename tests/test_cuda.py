@@ -375,6 +375,25 @@ def run(ctx, tokens, pos, n_vocab, out_rows=None):
     return logits, am
 
 
+def test_argmax_of_a_nan_row_is_minus_one():
+    """A NaN logit (a NaN in row 7 of an f32 LM head): the CUDA argmax gives -1 for every row, as
+    the CPU's does (tests/test_bad_input.py), so the engine reports NaN logits instead of decoding
+    token 0; with and without graphs, nt = 1 and 5, with logits read back and argmax only."""
+    model = small_model(3, types={**SMALL_TYPES, "output": bg.F32})
+    cfg, tensors, keep = model
+    out = next(a for a in keep if a.ctypes.data == tensors["output"][0])
+    out.view(np.float32).reshape(SMALL["n_vocab"], SMALL["n_embd"])[7, 3] = np.nan
+    for graphs in (True, False):
+        ctx = make_ctx(model, 1, graphs=graphs)
+        for nt in (1, 5):
+            logits, am = run(ctx, list(range(1, nt + 1)), list(range(nt)), SMALL["n_vocab"])
+            assert np.isnan(logits[:, 7]).all() and (am == -1).all(), (graphs, nt)
+            only = np.zeros(nt, np.int32)
+            ctx.forward(np.arange(1, nt + 1, dtype=np.int32), np.arange(nt, dtype=np.int32),
+                        np.arange(nt, dtype=np.int32), None, only)
+            assert (only == -1).all(), (graphs, nt)
+
+
 def session(ctx, prompt, steps, n_vocab, tokens_from=None):
     """Prefill the prompt, then greedy-decode `steps` tokens (or feed tokens_from). Returns all
     logits rows and the argmax sequence."""

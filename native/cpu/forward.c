@@ -179,13 +179,20 @@ static void add_bias(float *y, const mi_tensor *b, int32_t nt, int64_t n) {
         for (int64_t i = 0; i < n; i++) y[t * n + i] += bb[i];
 }
 
+/* First maximum of each row, or -1 for a row holding a NaN (it has no maximum: corrupt weights or
+ * an overflow; the caller reports it, as the CUDA argmax does). */
 static void argmax_rows(const float *logits, int32_t n_out, int32_t n_vocab, int32_t *argmax) {
     for (int j = 0; j < n_out; j++) {
         const float *l = logits + (int64_t)j * n_vocab;
         int32_t best = 0;
-        for (int32_t i = 1; i < n_vocab; i++)
-            if (l[i] > l[best]) best = i;
-        argmax[j] = best;
+        int nan = isnan(l[0]);
+        for (int32_t i = 1; i < n_vocab && !nan; i++) {
+            if (isnan(l[i]))
+                nan = 1;
+            else if (l[i] > l[best])
+                best = i;
+        }
+        argmax[j] = nan ? -1 : best;
     }
 }
 

@@ -68,7 +68,7 @@ int32_t mi_ctx_device(const mi_ctx *ctx);
  * K/V of every token at slot pos[i]; row i attends to slots 0..pos[i] (so a batch of contiguous
  * positions is causal, and rolling back is just reusing positions). For each of the n_out rows
  * out_rows[j] (indices into 0..nt-1), writes logits[j*n_vocab .. +n_vocab] (f32) if logits is not
- * NULL and argmax[j] (first max) if argmax is not NULL.
+ * NULL and argmax[j] (first max; -1 where the row holds a NaN: it has no maximum) if argmax is not NULL.
  * Contract: row i's logits are bitwise equal to a nt=1 forward of token i at pos[i] over the same
  * KV contents (CPU always; CUDA for nt <= 9). */
 int mi_forward(mi_ctx *ctx, const int32_t *tokens, const int32_t *pos, int32_t nt, const int32_t *out_rows,
