@@ -204,7 +204,7 @@ class LLM:
                 end-of-generation token, a stop string or a full context (stop_reason 'context'),
                 as in llama-cpp-python.
             temperature: <= 0 is greedy (deterministic). top_k (<= 0 off), top_p, min_p,
-                repeat_penalty (1.0 off) over the last repeat_last_n tokens: llama.cpp's samplers.
+                repeat_penalty (1.0 off) over the last repeat_last_n tokens (-1: all): llama.cpp's samplers.
                 Numbers only: temperature, top_p, min_p and repeat_penalty take an int or a float,
                 top_k, repeat_last_n, max_tokens and seed an int (a bool or a str is a TypeError).
             seed: RNG seed (None or negative: random).  stop: a string or strings that end the text

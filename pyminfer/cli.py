@@ -83,7 +83,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.05, help="0.0: off (default: %(default)s)")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="finite, > 0; 1.0: off (default: %(default)s)")
     p.add_argument("--repeat-last-n", type=int, default=64,
-                   help="tokens the penalty looks back over (default: %(default)s)")
+                   help="tokens the penalty looks back over; 0: off, -1: the whole context (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (-1 or absent: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 

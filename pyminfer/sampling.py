@@ -23,7 +23,8 @@ class SamplingParams:
     """Sampling settings (llama.cpp's CLI defaults).
 
     temperature: <= 0 means greedy (argmax). top_k: <= 0 disables. top_p, min_p: 1.0 / 0.0 disable.
-    repeat_penalty: 1.0 disables; applied over the last repeat_last_n tokens of the context.
+    repeat_penalty: 1.0 disables; applied over the last repeat_last_n tokens of the context
+    (repeat_last_n 0: none, -1: the whole context, as llama.cpp).
     seed: RNG seed (None or negative: random, as llama.cpp's -1).
     """
 
@@ -46,8 +47,8 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not (self.repeat_penalty > 0 and np.isfinite(self.repeat_penalty)):
             raise ValueError(f"repeat_penalty must be finite and > 0 (1.0: off), got {self.repeat_penalty}")
-        if self.repeat_last_n < 0:
-            raise ValueError("repeat_last_n must be >= 0")
+        if self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be >= -1 (-1: the whole context, 0: off), got {self.repeat_last_n}")
 
     @property
     def greedy(self) -> bool:
@@ -89,7 +90,7 @@ class Sampler:
 
     def penalty_window(self, history: Sequence[int]) -> Sequence[int]:
         n = self.p.repeat_last_n
-        return history[-n:] if n > 0 else ()
+        return history[-n:] if n > 0 else history if n < 0 else ()
 
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
         """One token from f32 logits[n_vocab]; ``history`` is the context so far (for the penalty)."""

@@ -30,7 +30,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.middleware.cors import CORSMiddleware
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
@@ -181,7 +181,7 @@ class _GenRequest(BaseModel):
     min_p: Float = Field(default=0.05, ge=0.0, le=1.0)
     # any positive value, as llama.cpp's server (which does not range-check it at all)
     repeat_penalty: Float = Field(default=1.0, gt=0.0)
-    repeat_last_n: Int = Field(default=64, ge=0)
+    repeat_last_n: Int = Field(default=64, ge=-1)  # -1: the whole context (llama.cpp)
     stop: Optional[Union[str, List[str]]] = None
     seed: Optional[Int] = None
     stream: Bool = False
@@ -198,6 +198,15 @@ class _GenRequest(BaseModel):
     logit_bias: Optional[Union[dict, list]] = None  # llama.cpp also takes [[token, bias], ...]
     tools: Optional[list] = None
     response_format: Optional[dict] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """OpenAI's API takes null for every optional field (some clients send explicit nulls):
+        a declared field given as null gets its default, as if it were absent."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (v is None and k in cls.model_fields)}
+        return data
 
     def check(self) -> None:
         """The checks pydantic's field types cannot express; APIError 400."""

@@ -31,6 +31,7 @@ nt = d + 1 <= 9).
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from collections import deque
@@ -330,7 +331,8 @@ class SpecDecoder:
         self.emitted = 0
         self.depths: list[int] = []
         self.draft_n_past = 0  # positions of the committed text whose K/V the draft holds
-        self.window = max(sampler.p.repeat_last_n, 1)
+        n = sampler.p.repeat_last_n  # -1: the whole context (hist[-maxsize:] is all of it)
+        self.window = sys.maxsize if n < 0 else max(n, 1)
         self.max_tokens: int | None = None  # set by the caller: no drafting past what it will take
 
     def _choose(self, row: np.ndarray | int, hist: Sequence[int]) -> int:

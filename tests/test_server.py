@@ -371,6 +371,28 @@ def _chat(c, messages, **kw):
     return c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1, "temperature": 0, **kw})
 
 
+def test_null_fields_mean_their_defaults(local):
+    """OpenAI's API takes null for every optional field: temperature, top_p, top_k, n, stream,
+    presence_penalty, ... given as null answer as if absent (they were 400s), for both endpoints;
+    a null required field is still a 400, and repeat_last_n = -1 (the whole context) is taken."""
+    c, state = local
+    nulls = dict(top_p=None, top_k=None, n=None, stream=None, presence_penalty=None, frequency_penalty=None,
+                 min_p=None, repeat_penalty=None, repeat_last_n=None, echo=None, best_of=None, stop=None, seed=None)
+    msgs = [{"role": "user", "content": "Hi"}]
+    want = _chat(c, msgs).json()["choices"][0]["message"]["content"]
+    r = _chat(c, msgs, **nulls)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == want
+    r = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 1, "temperature": None, "seed": 3})
+    assert r.status_code == 200, r.text  # the default temperature (0.8), seeded
+    r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "temperature": 0, **nulls})
+    assert r.status_code == 200, r.text
+    _error(c.post("/v1/completions", json={"prompt": None, "max_tokens": 1}), 400)
+    r = _chat(c, msgs, repeat_penalty=1.3, repeat_last_n=-1)
+    assert r.status_code == 200, r.text
+    _error(_chat(c, msgs, repeat_last_n=-2), 400)
+
+
 def test_developer_role_is_system_and_unknown_roles_are_refused(local):
     """OpenAI's "developer" is rendered as "system" (templates know only the old name: SmolLM2's
     added its default system prompt and a "developer" turn, Qwen's dropped the turn); any other

@@ -70,6 +70,24 @@ def test_identity_sampling_same_seed(smol, smol_draft):
     assert generate(smol, ids, params, 64, draft=smol_draft, spec_draft_n=3).generated_ids == ref
 
 
+def test_penalty_over_the_whole_context_identity(smol, smol_draft):
+    """repeat_last_n = -1 (llama.cpp: the whole context): the penalty window is every token so far,
+    and speculation gives plain decoding's ids; the window differs from the default 64's."""
+    from pyminfer.sampling import Sampler
+
+    hist = list(range(100))
+    assert list(Sampler(SamplingParams(repeat_last_n=-1)).penalty_window(hist)) == hist
+    assert list(Sampler(SamplingParams(repeat_last_n=64)).penalty_window(hist)) == hist[-64:]
+    with pytest.raises(ValueError, match="repeat_last_n"):
+        SamplingParams(repeat_last_n=-2).validate()
+    ids = _ids(smol, PROMPTS[3][1], True)
+    params = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=-1)
+    ref = generate(smol, ids, params, 96).generated_ids
+    for d, adaptive in ((3, False), (4, True)):
+        res = generate(smol, ids, params, 96, draft=smol_draft, spec_draft_n=d, spec_adaptive=adaptive)
+        assert res.generated_ids == ref, (d, adaptive)
+
+
 def test_stop_string_identity(smol, smol_draft):
     ids = _ids(smol, PROMPTS[0][1], False)
     params = SamplingParams(temperature=0.0, stop=["return"])
