@@ -658,12 +658,14 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
     async def tokenize(request: Request) -> JSONResponse:
         req = await _parse(request, TokenizeRequest)
         llm = state.require()
+        # add_special as llama.cpp's: BOS / EOS where the model adds them (add_bos_token /
+        # add_eos_token in the GGUF), never one the model does not use
+        model_default = None if req.add_special else False
         try:
-            ids = llm.tokenize(req.content, parse_special=req.parse_special, add_bos=req.add_special or None)
+            ids = llm.tokenizer.encode(req.content, parse_special=req.parse_special, add_bos=model_default,
+                                       add_eos=model_default)
         except ValueError as e:
             raise APIError(400, str(e), param="content") from None
-        if not req.add_special and llm.tokenizer.add_bos and ids[:1] == [llm.tokenizer.bos_id]:
-            ids = llm.tokenize(req.content, parse_special=req.parse_special, add_bos=False)
         if req.with_pieces:
             return JSONResponse({"tokens": [{"id": i, "piece": _piece(llm.tokenizer.token_to_piece(i))} for i in ids]})
         return JSONResponse({"tokens": ids})

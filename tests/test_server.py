@@ -371,6 +371,19 @@ def _chat(c, messages, **kw):
     return c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1, "temperature": 0, **kw})
 
 
+def test_tokenize_add_special_follows_the_model(local, monkeypatch):
+    """/tokenize's add_special is llama.cpp's: BOS only where the model adds one (SmolLM2 and Qwen:
+    add_bos_token = false, so no BOS; it added one before), BOS where it does; never without it."""
+    c, state = local
+    tok = state.llm.tokenizer
+    plain = c.post("/tokenize", json={"content": "hi"}).json()["tokens"]
+    assert tok.add_bos is False and plain[:1] != [tok.bos_id]
+    assert c.post("/tokenize", json={"content": "hi", "add_special": True}).json()["tokens"] == plain
+    monkeypatch.setattr(tok, "add_bos", True)
+    assert c.post("/tokenize", json={"content": "hi", "add_special": True}).json()["tokens"] == [tok.bos_id] + plain
+    assert c.post("/tokenize", json={"content": "hi"}).json()["tokens"] == plain
+
+
 def test_null_fields_mean_their_defaults(local):
     """OpenAI's API takes null for every optional field: temperature, top_p, top_k, n, stream,
     presence_penalty, ... given as null answer as if absent (they were 400s), for both endpoints;
