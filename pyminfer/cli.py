@@ -175,14 +175,14 @@ def _check_arg_text(text: str, what: str) -> None:
 
 
 def _decode_utf8(data: bytes, what: str) -> str:
-    """``data`` as UTF-8 text with universal newlines (as a text-mode read gives), or a ValueError
-    naming ``what`` and the first bad byte."""
+    """``data`` as UTF-8 text, every byte kept (CR and CRLF too: llama.cpp reads -f files as bytes,
+    and -p "$(cat f)" passes them through), or a ValueError naming ``what`` and the first bad byte."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
                          "convert it first, e.g. iconv -f latin1 -t utf-8") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
 
 
 def _read_prompt_file(name: str) -> str:
@@ -190,6 +190,7 @@ def _read_prompt_file(name: str) -> str:
     if name == "-":
         buf = getattr(sys.stdin, "buffer", None)  # bytes, so the locale's encoding does not matter
         return _decode_utf8(buf.read(), "standard input") if buf is not None else sys.stdin.read()
+    # bytes, not text mode: a text-mode read would turn CRLF and CR into LF
     with open(name, "rb") as f:
         return _decode_utf8(f.read(), name)
 

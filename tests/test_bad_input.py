@@ -279,6 +279,27 @@ def test_prompt_from_stdin_equals_prompt_flag(smol_path):
     assert a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and a.stdout.strip()
 
 
+def test_prompt_file_keeps_carriage_returns(smol_path, tmp_path):
+    """-f (a file, or standard input) keeps CR and CRLF as -p does (llama.cpp reads the file's
+    bytes): the prompt ids of --json equal `tokenize`'s for the same text (CRLF became LF before)."""
+    import json
+
+    text = "Hello\r\nworld\rand more"
+    (tmp_path / "p.txt").write_bytes(text.encode())
+    base = [sys.executable, "-m", "pyminfer", "run", "-m", str(smol_path), "-n", "1", "--temp", "0", "--device", "cpu",
+            "--json"]
+    def tokenize(t: str) -> list[int]:
+        return json.loads(subprocess.run([sys.executable, "-m", "pyminfer", "tokenize", "-m", str(smol_path), t],
+                                         capture_output=True, text=True, timeout=120).stdout)
+
+    want = tokenize(text)
+    assert want != tokenize(text.replace("\r\n", "\n").replace("\r", "\n"))  # the CRs are tokens of their own
+    for src, stdin in ((["-f", str(tmp_path / "p.txt")], None), (["-f", "-"], text.encode())):
+        out = subprocess.run(base + src, input=stdin, capture_output=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["prompt_ids"] == want, src
+
+
 def test_negative_threads_refused(smol_path):
     with pytest.raises(ValueError, match="n_threads"):
         Model(smol_path, device="cpu", n_ctx=16, n_threads=-1)
