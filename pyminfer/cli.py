@@ -306,6 +306,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError("-p, -n and -d/--depth must be >= 0")
     if not (args.n_prompt or args.n_gen or args.verify_curve or spec):
         raise ValueError("nothing to measure: give -p and/or -n > 0, --verify-curve, --spec-draft or --spec-type")
+    prompt_given = {"-p", "--n-prompt"} & (getattr(args, "given", None) or set())
+    if prompt_given and (spec or args.verify_curve):  # a warning: the rest is what was asked
+        from .engine import log
+
+        log(f"pyminfer: warning: {prompt_given.pop()} ignored with "
+            f"{'--verify-curve' if args.verify_curve and not spec else '--spec-draft / --spec-type'} (no pp test: "
+            "that mode times decoding on its own prompts)")
     if spec and args.n_gen < 2:  # the first token comes from the prefill: no decode to time
         raise ValueError(f"-n/--n-gen must be >= 2 with --spec-draft / --spec-type (decode speed is timed from the "
                          f"second generated token), got {args.n_gen}")
@@ -359,7 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="prefill / decode throughput (llama-bench style)")
     _add_model_args(b, ub_default="the prompt, 64..512")
-    b.add_argument("-p", "--n-prompt", type=int, default=512)
+    b.add_argument("-p", "--n-prompt", type=int, default=512, action=_Given,
+                   help="prompt tokens of the pp test (default: %(default)s; not used by --verify-curve, "
+                        "--spec-draft or --spec-type, which time decoding)")
     b.add_argument("-n", "--n-gen", type=int, default=128,
                    help="tokens to generate (>= 2 with --spec-draft; default: %(default)s)")
     b.add_argument("-r", "--repetitions", type=int, default=5)

@@ -48,8 +48,12 @@ def test_depth(smol_path, flag):
 
 
 def test_verify_curve(smol_path):
-    rows = json.loads(bench("-m", str(smol_path), "--verify-curve", "-o", "json").stdout)
+    out = bench("-m", str(smol_path), "--verify-curve", "-o", "json")
+    assert "warning" not in out.stderr  # -p not given: nothing ignored
+    rows = json.loads(out.stdout)
     assert [r["nt"] for r in rows] == list(range(1, 17))
+    warned = bench("-m", str(smol_path), "--verify-curve", "-p", "64", "-o", "json")  # no pp row: say so
+    assert "warning: -p ignored with --verify-curve" in warned.stderr
     assert rows[0]["C_T(nt)/C_T(1)"] == 1.0
     assert all(r["ms"] > 0 and math.isfinite(r["C_T(nt)/C_T(1)"]) for r in rows)
 
@@ -58,8 +62,9 @@ def test_spec_draft(smol_path):
     """SmolLM2 drafting for itself: every draft is accepted, and the bench's identity check (the
     speculative ids equal the sequential ones) prints no warning."""
     out = bench("-m", str(smol_path), "--spec-draft", str(smol_path), "--spec-draft-n", "3", "-n", "12", "-r", "1",
-                "-o", "json")
+                "-o", "json", "--n-prompt", "32")
     assert "WARNING" not in out.stderr
+    assert "warning: --n-prompt ignored with --spec-draft / --spec-type" in out.stderr  # it has no pp test
     rows = json.loads(out.stdout)
     assert {r["prompt"] for r in rows} == {"code", "prose"} and len(rows) == 4
     for r in rows:
