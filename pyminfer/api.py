@@ -106,6 +106,8 @@ class LLM:
         self.spec_ngram = spec_ngram
         self._lock = threading.Lock()
         self._owner: int | None = None
+        self._cache_ids: list[int] = []  # ids whose K/V are valid in the target's cache (positions 0..)
+        self._draft_ids: list[int] = []  # the same for the draft's cache
 
     @classmethod
     def from_models(cls, model: Any, draft: Any = None, *, spec_draft_n: int = 4,
@@ -124,12 +126,14 @@ class LLM:
         self.spec_ngram = spec_ngram
         self._lock = threading.Lock()
         self._owner = None
+        self._cache_ids, self._draft_ids = [], []
         return self
 
     # ------------------------------------------------------------------ properties
     @property
     def model(self) -> Any:
-        """The underlying pyminfer.engine.Model (raises RuntimeError after close())."""
+        """The underlying pyminfer.engine.Model (raises RuntimeError after close()). Forwards run on
+        it directly overwrite the KV cache behind this LLM's back: call ``reset()`` afterwards."""
         if self._model is None:
             raise RuntimeError("this LLM is closed")
         return self._model
@@ -195,7 +199,7 @@ class LLM:
     def generate(self, prompt: Prompt, *, max_tokens: int | None = 128, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: int | None = None, stop: str | Sequence[str] | None = None,
-                 stream: bool = False) -> GenerationResult | Iterator[Chunk]:
+                 stream: bool = False, cache_prompt: bool = True) -> GenerationResult | Iterator[Chunk]:
         """Complete ``prompt``.
 
         Args:
@@ -211,6 +215,12 @@ class LLM:
                 (not included).
             stream: return an iterator of Chunk (``.text``, ``.token_ids``; the last one has ``.text == ""``
                 and ``.result``) instead of the GenerationResult.
+            cache_prompt: reuse the K/V of the longest prefix this prompt shares with the last
+                generation's prompt + output (only the rest is prefilled; ``timings["cached_tokens"]``
+                says how many), as llama.cpp's server and llama-cpp-python do. On the CPU the output
+                is the same either way; on a GPU a long new part is prefilled on the tensor-core
+                path, whose rows match single-token decoding within tolerance, not bitwise
+                (docs/perf.md), so near-ties may resolve differently than without the cache.
 
         Returns:
             GenerationResult: ``text``, ``prompt_ids``, ``generated_ids``, ``finish_reason`` ('stop' or
@@ -239,7 +249,7 @@ class LLM:
             from .engine import ContextFull
 
             raise ContextFull(f"the prompt has {len(ids)} tokens; the context holds n_ctx={self.n_ctx}")
-        it = self._stream(ids, params, max_tokens)
+        it = self._stream(ids, params, max_tokens, bool(cache_prompt))
         if stream:
             return it
         res = None
@@ -290,12 +300,47 @@ class LLM:
         self._owner = None
         self._lock.release()
 
-    def _stream(self, ids: list[int], params: SamplingParams, max_tokens: int) -> Iterator[Chunk]:
+    def _stream(self, ids: list[int], params: SamplingParams, max_tokens: int, cache_prompt: bool = True
+                ) -> Iterator[Chunk]:
+        """generate_stream over this LLM's model(s), reusing the K/V of the longest prefix ``ids``
+        shares with what the caches hold from the last generation (``cache_prompt``; llama.cpp's
+        server and llama-cpp-python do the same): only the rest of the prompt is prefilled."""
+        from .chat import common_prefix
+
         self._acquire()
         try:
-            yield from generate_stream(self.model, ids, params, max_tokens, draft=self._draft,
-                                       spec_draft_n=self.spec_draft_n, spec_adaptive=self.spec_adaptive,
-                                       spec_ngram=self.spec_ngram)
+            n_past = common_prefix(self._cache_ids, ids) if cache_prompt else 0
+            dn = common_prefix(self._draft_ids, ids) if cache_prompt and self._draft is not None else 0
+            # until tokens come out only the common prefixes are known to be valid (the prefill
+            # overwrites the positions after them)
+            self._cache_ids, self._draft_ids = ids[:n_past], ids[:dn]
+            generated: list[int] = []
+            res = None
+            try:
+                for ch in generate_stream(self.model, ids, params, max_tokens, draft=self._draft,
+                                          spec_draft_n=self.spec_draft_n, spec_adaptive=self.spec_adaptive,
+                                          spec_ngram=self.spec_ngram, n_past=n_past, draft_n_past=dn):
+                    generated.extend(ch.token_ids)
+                    res = ch.result or res
+                    yield ch
+            finally:
+                if generated:
+                    # every generated token but the last has its K/V in the cache: a yielded token
+                    # is fed forward by the next step or round, and a native forward is never cut
+                    # halfway (pyminfer.chat keeps the same invariant)
+                    self._cache_ids = ids + generated[:-1]
+                    dnp = (res.spec or {}).get("draft_n_past") if res is not None else None
+                    if isinstance(dnp, int):
+                        self._draft_ids = (ids + list(res.generated_ids))[:dnp]
+        finally:
+            self._release()
+
+    def reset(self) -> None:
+        """Forget what the KV caches hold: the next generation prefills its whole prompt (as
+        llama-cpp-python's Llama.reset). Raises RuntimeError while a generation is running."""
+        self._acquire()
+        try:
+            self._cache_ids, self._draft_ids = [], []
         finally:
             self._release()
 

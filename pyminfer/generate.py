@@ -106,6 +106,7 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
         raise ContextFull(f"the prompt has {len(prompt_ids)} tokens; the context holds n_ctx={model.n_ctx} "
                           "(need at least one free position to generate)")
     sampler = Sampler(params)
+    n_past = max(0, min(n_past, len(prompt_ids) - 1))  # the last prompt token is always evaluated
     speculative = draft is not None or spec_ngram is not None
     if speculative:
         from .spec import SpecDecoder
@@ -167,6 +168,7 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
         "load_s": model.load_time,
         "prefill_s": st.get("prefill_s", 0.0),
         "prefill_tokens": st.get("prefill_tokens", 0),
+        "cached_tokens": n_past if st.get("prefill_s") is not None else 0,  # prompt positions reused
         "prefill_tok_s": st.get("prefill_tokens", 0) / st["prefill_s"] if st.get("prefill_s") else 0.0,
         "decode_s": total - st.get("prefill_s", 0.0),
         "total_s": total,

@@ -122,7 +122,7 @@ def _not_none_or_auto(v: Any) -> bool:
 # the test "does this value ask for something?" and why it is refused. A request that sets one to
 # anything but its neutral value (the default, which is what this server does anyway) is a 400 naming
 # it: ignoring it would answer a different request than the one sent. Fields that do not change the
-# output (OpenAI's user, metadata, store, service_tier, parallel_tool_calls; llama.cpp's cache_prompt,
+# output (OpenAI's user, metadata, store, service_tier, parallel_tool_calls; llama.cpp's
 # id_slot, n_keep, and the tuning knobs of the samplers refused here, such as mirostat_tau) are
 # accepted and ignored; other unknown fields are ignored with a warning in the server log.
 _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -160,7 +160,7 @@ _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 # Fields known not to change the output: accepted, ignored, and not warned about.
 _IGNORED = frozenset({
     "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prediction",
-    "cache_prompt", "id_slot", "n_keep", "n_indent", "min_keep", "mirostat_tau", "mirostat_eta",
+    "id_slot", "n_keep", "n_indent", "min_keep", "mirostat_tau", "mirostat_eta",
     "dynatemp_exponent", "xtc_threshold", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     "dry_sequence_breakers", "timings_per_token", "return_progress",
 })
@@ -186,6 +186,9 @@ class _GenRequest(BaseModel):
     seed: Optional[Int] = None
     stream: Bool = False
     stream_options: Optional[StreamOptions] = None
+    # llama.cpp's: reuse the K/V of the longest prefix this prompt shares with the last request's
+    # prompt + output (LLM.generate's cache_prompt); false: prefill it all
+    cache_prompt: Bool = True
     n: Int = Field(default=1, ge=1, le=1)
     # Unimplemented fields declared for their types (a mistyped value is a 400 that says what the
     # type is); whether a value asks for something is _UNSUPPORTED's business.
@@ -542,8 +545,12 @@ def _params(req: _GenRequest) -> SamplingParams:
     return p
 
 
-def _usage(n_prompt: int, n_gen: int) -> dict[str, int]:
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+def _usage(n_prompt: int, res: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage object; prompt_tokens_details.cached_tokens: the prompt's leading tokens
+    whose K/V were reused from the last request (cache_prompt)."""
+    n_gen = len(res.generated_ids)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen,
+            "prompt_tokens_details": {"cached_tokens": int(res.timings.get("cached_tokens", 0))}}
 
 
 def _timings(res: GenerationResult) -> dict[str, Any]:
@@ -740,15 +747,15 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
             def final(res: GenerationResult) -> dict[str, Any]:
                 d = piece("", res.finish_reason)
-                d["usage"] = _usage(len(ids), len(res.generated_ids))
+                d["usage"] = _usage(len(ids), res)
                 d["timings"] = _timings(res)
                 return d
 
             return _sse(state, request, llm, ids, params, n, first, delta, final,
-                        usage_piece=piece if _include_usage(req) else None)
-        res = await _run(state, request, llm, ids, params, n)
+                        usage_piece=piece if _include_usage(req) else None, cache=req.cache_prompt)
+        res = await _run(state, request, llm, ids, params, n, req.cache_prompt)
         out = piece(res.text, res.finish_reason)
-        out["usage"] = _usage(len(ids), len(res.generated_ids))
+        out["usage"] = _usage(len(ids), res)
         out["timings"] = _timings(res)
         return JSONResponse(out)
 
@@ -784,7 +791,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
             def final(res: GenerationResult) -> dict[str, Any]:
                 d = piece({}, res.finish_reason)
-                d["usage"] = _usage(len(ids), len(res.generated_ids))
+                d["usage"] = _usage(len(ids), res)
                 d["timings"] = _timings(res)
                 return d
 
@@ -793,12 +800,12 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                         "model": state.model_id, "choices": []}
 
             return _sse(state, request, llm, ids, params, n, first, delta, final,
-                        usage_piece=usage_only if _include_usage(req) else None)
-        res = await _run(state, request, llm, ids, params, n)
+                        usage_piece=usage_only if _include_usage(req) else None, cache=req.cache_prompt)
+        res = await _run(state, request, llm, ids, params, n, req.cache_prompt)
         out = {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
                "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,
                             "finish_reason": res.finish_reason}],
-               "usage": _usage(len(ids), len(res.generated_ids)), "timings": _timings(res)}
+               "usage": _usage(len(ids), res), "timings": _timings(res)}
         return JSONResponse(out)
 
     @app.post("/completion")
@@ -815,15 +822,16 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
         def final(res: GenerationResult, content: str) -> dict[str, Any]:
             return {"content": content, "id_slot": 0, "stop": True, "model": state.model_id,
-                    "tokens_predicted": len(res.generated_ids), "tokens_evaluated": len(ids), "tokens_cached": 0,
+                    "tokens_predicted": len(res.generated_ids), "tokens_evaluated": len(ids),
+                    "tokens_cached": int(res.timings.get("cached_tokens", 0)),
                     "truncated": False, "stop_type": _STOP_TYPES[res.stop_reason], "stopping_word": res.stop_word,
                     "timings": _timings(res)}
 
         if req.stream:  # llama.cpp's stream: one object per piece, the last with stop true; no [DONE]
             return _sse(state, request, llm, ids, params, n, lambda: [],
                         lambda text: {"content": text, "stop": False, "id_slot": 0},
-                        lambda res: final(res, ""), done_marker=False)
-        res = await _run(state, request, llm, ids, params, n)
+                        lambda res: final(res, ""), done_marker=False, cache=req.cache_prompt)
+        res = await _run(state, request, llm, ids, params, n, req.cache_prompt)
         return JSONResponse(final(res, res.text))
 
     return app
@@ -848,8 +856,9 @@ def _include_usage(req: _GenRequest) -> bool:
 
 # ---------------------------------------------------------------------------------------------- running jobs
 def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n: int, cancel: threading.Event,
-         emit: Callable[[Chunk], None] | None) -> GenerationResult | None:
-    """Runs in the single worker thread: one generation, stopped early when ``cancel`` is set."""
+         emit: Callable[[Chunk], None] | None, cache: bool = True) -> GenerationResult | None:
+    """Runs in the single worker thread: one generation, stopped early when ``cancel`` is set;
+    ``cache``: the request's cache_prompt (LLM.generate's)."""
     if cancel.is_set():
         state.metrics.add(0, 0, None, True)
         return None
@@ -857,7 +866,7 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
     n_gen = 0
     it = llm.generate(ids, max_tokens=n, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                       min_p=params.min_p, repeat_penalty=params.repeat_penalty, repeat_last_n=params.repeat_last_n,
-                      seed=params.seed, stop=params.stop, stream=True)
+                      seed=params.seed, stop=params.stop, stream=True, cache_prompt=cache)
     assert not isinstance(it, GenerationResult)
     try:
         for ch in it:
@@ -877,14 +886,14 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
 
 
 async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams,
-               n: int) -> GenerationResult:
+               n: int, cache: bool = True) -> GenerationResult:
     """A non-streaming generation; a client that goes away cancels it."""
     cancel = threading.Event()
     loop = asyncio.get_running_loop()
     with state.metrics.lock:
         state.metrics.processing += 1
     try:
-        fut = loop.run_in_executor(state.worker, _job, state, llm, ids, params, n, cancel, None)
+        fut = loop.run_in_executor(state.worker, _job, state, llm, ids, params, n, cancel, None, cache)
         while True:
             done, _ = await asyncio.wait({fut}, timeout=0.5)
             if done:
@@ -906,7 +915,8 @@ async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], p
 def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams, n: int,
          first: Callable[[], list[dict[str, Any]]], delta: Callable[[str], dict[str, Any]],
          final: Callable[[GenerationResult], dict[str, Any]], *,
-         usage_piece: Callable[..., dict[str, Any]] | None = None, done_marker: bool = True) -> StreamingResponse:
+         usage_piece: Callable[..., dict[str, Any]] | None = None, done_marker: bool = True,
+         cache: bool = True) -> StreamingResponse:
     """A streaming generation as server-sent events: ``data: {json}`` chunks (``first()``, then
     ``delta(text)`` per piece, then ``final(result)``, then a usage-only chunk from ``usage_piece``
     when given), then ``data: [DONE]`` unless ``done_marker`` is false (llama.cpp's /completion
@@ -923,7 +933,7 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
 
     def work() -> None:
         try:
-            res = _job(state, llm, ids, params, n, cancel, lambda ch: put(("chunk", ch.text)))
+            res = _job(state, llm, ids, params, n, cancel, lambda ch: put(("chunk", ch.text)), cache)
             put(("done", res))
         except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
             put(("error", e))

@@ -18,7 +18,7 @@ def llm():
 
 
 def test_generate_result(llm):
-    r = llm.generate(PROMPT, max_tokens=5, temperature=0)
+    r = llm.generate(PROMPT, max_tokens=5, temperature=0, cache_prompt=False)
     assert isinstance(r, GenerationResult)
     assert r.prompt_ids == llm.tokenize(PROMPT)
     assert 1 <= len(r.generated_ids) <= 5
@@ -27,7 +27,7 @@ def test_generate_result(llm):
         assert r.stop_reason == "max_tokens" and len(r.generated_ids) == 5
     assert r.text == llm.detokenize(r.generated_ids, skip_special=True)
     assert "Paris" in r.text
-    assert r.timings["prefill_tokens"] == len(r.prompt_ids)
+    assert r.timings["prefill_tokens"] == len(r.prompt_ids) and r.timings["cached_tokens"] == 0
     assert r.spec is None
 
 
@@ -176,6 +176,51 @@ def test_speculative_equals_plain(llm):
         r = m.generate(PROMPT, max_tokens=6, temperature=0)
         assert r.generated_ids == plain.generated_ids
         assert r.spec is not None and r.spec["drafted"] > 0 and r.spec["accepted"] > 0
+
+
+def test_prompt_cache_reuses_the_longest_common_prefix():
+    """A prompt sharing a prefix with the last prompt + output prefills only the rest (llama.cpp's
+    cache_prompt): the same ids as a fresh LLM (CPU: bitwise either way), cached_tokens reported;
+    cache_prompt=False and reset() prefill it all; a stream cut early keeps its tokens but the last;
+    with a draft model too (its own cache bookkeeping)."""
+    with LLM("smollm2-135m", device="cpu", n_ctx=256) as m, LLM("smollm2-135m", device="cpu", n_ctx=256) as fresh:
+        n = len(m.tokenize(PROMPT))
+        a = m.generate(PROMPT, max_tokens=8, temperature=0)
+        assert a.timings["cached_tokens"] == 0 and a.timings["prefill_tokens"] == n
+        again = m.generate(PROMPT, max_tokens=8, temperature=0)  # all but the last prompt token reused
+        assert again.timings["cached_tokens"] == n - 1 and again.timings["prefill_tokens"] == 1
+        assert again.generated_ids == a.generated_ids
+        # a follow-up that continues prompt + output: every token the cache holds is reused
+        follow = a.prompt_ids + a.generated_ids + m.tokenize(" And the capital of Italy is")
+        r = m.generate(follow, max_tokens=8, temperature=0)
+        assert r.timings["cached_tokens"] == n + len(a.generated_ids) - 1
+        ref = fresh.generate(follow, max_tokens=8, temperature=0, cache_prompt=False)
+        assert r.generated_ids == ref.generated_ids and ref.timings["cached_tokens"] == 0
+        # a different prompt shares only what it shares
+        other = m.generate("The capital of Spain is", max_tokens=4, temperature=0)
+        from pyminfer.chat import common_prefix
+
+        shared = common_prefix(m.tokenize("The capital of Spain is"), follow)
+        assert 0 < shared < n and other.timings["cached_tokens"] == shared
+        assert m.generate("The capital of Spain is", max_tokens=4, temperature=0,
+                          cache_prompt=False).timings["cached_tokens"] == 0
+        m.reset()
+        assert m.generate(PROMPT, max_tokens=2, temperature=0).timings["cached_tokens"] == 0
+        # a stream stopped after 3 tokens: prompt + the first 2 are in the cache
+        it = m.generate(PROMPT, max_tokens=8, temperature=0, stream=True)
+        got = []
+        for ch in it:
+            got += ch.token_ids
+            if len(got) >= 3:
+                break
+        it.close()
+        r = m.generate(a.prompt_ids + a.generated_ids[:5], max_tokens=3, temperature=0)
+        assert r.timings["cached_tokens"] == n + 2
+    with LLM("smollm2-135m", draft_model="smollm2-135m", device="cpu", n_ctx=256, spec_draft_n=3) as s:
+        b = s.generate(PROMPT, max_tokens=8, temperature=0)
+        c = s.generate(follow, max_tokens=8, temperature=0)
+        assert b.generated_ids == a.generated_ids and c.generated_ids == ref.generated_ids
+        assert c.timings["cached_tokens"] == n + len(a.generated_ids) - 1 and c.spec["accepted"] > 0
 
 
 def test_cut_mid_character_drops_incomplete_bytes(smol_path):

@@ -306,7 +306,7 @@ def test_unhandled_error_is_a_500_and_the_connection_survives(monkeypatch):
         def boom(*a, **k):
             raise RuntimeError("injected failure")
 
-        monkeypatch.setattr(state.llm, "tokenize", boom)
+        monkeypatch.setattr(state.llm.tokenizer, "encode", boom)
         r = c.post("/tokenize", json={"content": "hi"})
         assert r.status_code == 500
         assert r.json()["error"]["type"] == "server_error" and "injected failure" in r.json()["error"]["message"]
@@ -705,6 +705,26 @@ def test_props(local):
     assert p["chat_template"] == state.llm.tokenizer.chat_template and p["build_info"].startswith("pyminfer")
 
 
+def test_cache_prompt(local):
+    """Requests reuse the K/V of the prefix they share with the last request (llama.cpp's
+    cache_prompt, default true): reported as tokens_cached and OpenAI's
+    usage.prompt_tokens_details.cached_tokens; cache_prompt false prefills the whole prompt; the
+    text is the same either way (CPU)."""
+    c, state = local
+    body = {"prompt": "Once upon a time, in a land far away, there lived", "temperature": 0, "n_predict": 6}
+    first = c.post("/completion", json={**body, "cache_prompt": False}).json()
+    assert first["tokens_cached"] == 0 and first["timings"]["prompt_n"] == first["tokens_evaluated"]
+    again = c.post("/completion", json=body).json()
+    assert again["tokens_cached"] == again["tokens_evaluated"] - 1 and again["content"] == first["content"]
+    r = c.post("/v1/completions", json={"prompt": body["prompt"], "temperature": 0, "max_tokens": 6}).json()
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == r["usage"]["prompt_tokens"] - 1
+    assert r["choices"][0]["text"] == first["content"]
+    r = c.post("/v1/completions", json={"prompt": body["prompt"], "temperature": 0, "max_tokens": 6,
+                                        "cache_prompt": False}).json()
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    _error(c.post("/completion", json={**body, "cache_prompt": "yes"}), 400)
+
+
 def test_llama_cpp_completion_endpoint(local):
     c, state = local
     body = {"prompt": "The capital of France is", "temperature": 0}
@@ -715,7 +735,10 @@ def test_llama_cpp_completion_endpoint(local):
     assert d["content"] == ref["choices"][0]["text"] and d["stop"] is True and d["model"] == MODEL
     assert d["tokens_predicted"] == 4 and d["tokens_evaluated"] == ref["usage"]["prompt_tokens"]
     assert d["stop_type"] == "limit" and d["stopping_word"] == ""
-    assert d["timings"]["predicted_n"] == 4 and d["timings"]["prompt_n"] == d["tokens_evaluated"]
+    assert d["timings"]["predicted_n"] == 4
+    # the same prompt again: all of it but its last token comes from the cache (llama.cpp's
+    # cache_prompt; prompt_n counts the tokens prefilled, tokens_evaluated the whole prompt)
+    assert d["tokens_cached"] == d["tokens_evaluated"] - 1 and d["timings"]["prompt_n"] == 1
     # a token-id prompt gives the same; a stop string is reported as llama.cpp does
     ids = state.llm.tokenize(body["prompt"])
     assert c.post("/completion", json={**body, "prompt": ids, "n_predict": 4}).json()["content"] == d["content"]
