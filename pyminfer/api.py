@@ -61,7 +61,7 @@ class LLM:
             llama-cpp-python's n_ubatch; default 512 on CUDA, 64 on the CPU).
 
     Raises:
-        FileNotFoundError: no such model file.  KeyError: unknown model name.
+        FileNotFoundError: no such model file, and not a known model name either.
         pyminfer.spec.VocabMismatch: the draft's vocabulary differs from the target's.
         ValueError / RuntimeError / MemoryError: bad file, device or settings.
     """

@@ -4,13 +4,15 @@ Earlier turns stay in the KV cache: the session keeps the list of token ids whos
 builds each new prompt as those ids plus the tokens of the new template text, and passes the
 common-prefix length as ``n_past`` so only the new message is prefilled.
 
-Commands: ``/clear`` (forget the conversation), ``/exit`` (or Ctrl-D). Ctrl-C stops the current
+Commands: ``/clear`` (forget the conversation), ``/exit`` (or Ctrl-D), ``/help``; any other
+``/word`` line is refused as a mistyped command (a message starting with / needs a space first). Ctrl-C stops the current
 reply and keeps the session. A stats line (tokens/s, acceptance when speculative) follows each reply.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 from typing import Any, Iterator, Sequence
 
@@ -19,7 +21,7 @@ from .generate import Chunk, GenerationResult, generate_stream
 from .ngram import NgramSpec
 from .sampling import SamplingParams
 
-HELP = "commands: /clear (new conversation), /exit (quit; or Ctrl-D); Ctrl-C stops a reply"
+HELP = "commands: /clear (new conversation), /exit (quit; or Ctrl-D), /help; Ctrl-C stops a reply"
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -264,6 +266,10 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
         if cmd in ("/help", "/?"):
             print(HELP, file=err, flush=True)
             continue
+        if re.fullmatch(r"/[A-Za-z]+", cmd):  # a mistyped command (/exti) is not a message to the model
+            print(f"(unknown command {cmd}; {HELP}. A message that starts with / needs a space before it)",
+                  file=err, flush=True)
+            continue
         interrupted = False
         n_gen = 0
         try:
@@ -291,7 +297,8 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
                 session.messages = session.messages[:-1]
             continue
         turn = session._turn
-        n_reused = turn.n_past if turn is not None else 0
+        # the last prompt token is always evaluated (generate_stream), even when all of it was cached
+        n_reused = min(turn.n_past, max(len(turn.prompt) - 1, 0)) if turn is not None else 0
         n_prompt = len(turn.prompt) if turn is not None else 0
         res = session.finish_turn()
         if res is not None:

@@ -77,7 +77,7 @@ def _ggml_type_name(typ: int) -> str:
     try:
         return GGMLQuantizationType(typ).name
     except ValueError:
-        return f"unknown type {typ}"
+        return "unknown"  # "has unsupported type unknown (ggml type 99)"
 
 
 def _read_header(path: Path) -> tuple[dict[str, Any], list[TensorInfo], np.ndarray]:

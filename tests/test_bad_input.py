@@ -166,6 +166,24 @@ def _nan_output_model(device: int):
     return core.Context(cfg, tensors, 64, 8, 1, device, keep), keep
 
 
+def test_layer_tensor_error_names_the_layer_once():
+    """A tensor of the wrong shape in a layer: "layer 1: tensor attn_q: shape ..." (the layer
+    prefix was formatted from the error buffer into itself: "layer 0: layer 0: tn_q: ...")."""
+    import pyminfer._core as core
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import bench_gpu as bg
+
+    cfg, tensors, keep, _ = bg.synthetic_model(np.random.default_rng(4), n_layer=2, n_embd=256, n_ff=512, n_head=4,
+                                               n_head_kv=2, head_dim=64, n_vocab=1000, types=bg.qwen_types(2))
+    ptr, typ, n_cols, n_rows = tensors["layers"][1]["wq"]
+    tensors["layers"][1]["wq"] = (ptr, typ, n_cols, n_rows - 32)
+    with pytest.raises(Exception) as e:
+        core.Context(cfg, tensors, 64, 8, 1, 0, keep)
+    msg = str(e.value)
+    assert "layer 1: tensor attn_q: shape [224, 256], expected [256, 256]" in msg and msg.count("layer") == 1, msg
+
+
 def test_nan_logits_are_an_error_not_token_zero():
     """Corrupt weights that make a logit NaN: the native argmax gives -1 for that row (not the first
     id, which decoded as a silent end of generation), the engine and the sampler raise

@@ -141,6 +141,23 @@ def test_system_prompt_longer_than_the_context_is_refused_at_start():
     assert re.search(r"--system needs \d+ tokens in the chat template, the context holds n_ctx=16", out.stderr)
 
 
+def test_unknown_command_is_not_a_message_and_stats_add_up():
+    """A mistyped /command is refused with the help (it went to the model as a user message); a
+    line starting with a space and / is a message; the stats' cached + new tokens are the prompt's
+    (an n_past the generation clamps to the prompt length - 1 was printed unclamped)."""
+    ensure_model(MODEL, progress=False)
+    out = _cli("chat", "-m", MODEL, "--device", "cpu", "-c", "256", "--temp", "0", "-n", "4",
+               stdin="/exti\n /usr/bin is a path\nHi\n")
+    assert out.returncode == 0, out.stderr
+    assert "unknown command /exti" in out.stderr and "/help" in out.stderr
+    stats = [re.search(r"prompt (\d+) tok \((\d+) cached, (\d+) new", line) for line in out.stderr.splitlines()]
+    stats = [tuple(int(g) for g in m.groups()) for m in stats if m]
+    assert len(stats) == 2, out.stderr  # " /usr/bin ..." and "Hi": two replies, not three
+    for n_prompt, cached, new in stats:
+        assert cached + new == n_prompt, stats
+    assert stats[0][1] == 0 and stats[1][1] > 0
+
+
 def test_n_predict_minus_one_runs_to_the_end_of_the_context():
     """-n -1 as llama.cpp: no limit but the context (the run stops there with the reason)."""
     ensure_model(MODEL, progress=False)

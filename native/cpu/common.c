@@ -7,10 +7,14 @@
 static _Thread_local char g_err[512];
 
 int mi_set_error(int code, const char *fmt, ...) {
+    /* Format into a copy first: a caller may pass mi_last_error() itself as an argument (adding
+     * context to an error), and vsnprintf's source and destination must not overlap. */
+    char buf[sizeof g_err];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(g_err, buf, sizeof g_err);
     return code;
 }
 
