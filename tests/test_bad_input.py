@@ -395,7 +395,7 @@ def test_encode_refuses_lone_surrogates(smol):
 
 def test_cli_refuses_text_that_is_not_utf8(tmp_path, smol_path):
     """Not UTF-8 -> an error naming the input (file, stdin, -p, TEXT, --stop, --system, a chat line),
-    not a traceback; valid text from -f reads as before (universal newlines)."""
+    not a traceback; valid text from -f reads byte for byte (CRLF kept, as llama.cpp)."""
     bad = tmp_path / "latin1.txt"
     bad.write_bytes(b"caf\xe9 \xff\xfe")
     m = ["-m", str(smol_path), "--device", "cpu"]
@@ -414,7 +414,7 @@ def test_cli_refuses_text_that_is_not_utf8(tmp_path, smol_path):
     crlf = tmp_path / "crlf.txt"
     crlf.write_bytes(b"The capital of France is\r\n")
     a = _cli("run", *m, "-f", str(crlf), "-n", "3", "--temp", "0")
-    b = _cli("run", *m, "-p", "The capital of France is\n", "-n", "3", "--temp", "0")
+    b = _cli("run", *m, "-p", "The capital of France is\r\n", "-n", "3", "--temp", "0")
     assert a.returncode == 0 and a.stdout == b.stdout
 
 
