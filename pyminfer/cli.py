@@ -254,9 +254,16 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from .models import resolve_model
     from .tokenizer import Tokenizer
 
-    _check_arg_text(args.text, "TEXT")
+    sources = [x for x in (args.text is not None, args.file is not None, args.stdin) if x]
+    if len(sources) != 1:
+        raise ValueError("give the text once: TEXT, -f FILE or --stdin")
+    if args.text is not None:
+        _check_arg_text(args.text, "TEXT")
+        text = args.text
+    else:  # the file's bytes as they are (as -f of `run`), UTF-8 checked
+        text = _read_prompt_file("-" if args.stdin else args.file)
     tok = Tokenizer.from_gguf(resolve_model(args.model))
-    print(json.dumps(tok.encode(args.text, parse_special=not args.no_parse_special)))
+    print(json.dumps(tok.encode(text, parse_special=not args.no_parse_special)))
     return 0
 
 
@@ -361,7 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tokenize", help="print token ids as a JSON list")
     t.add_argument("-m", "--model", default=None, help=_model_help())
     t.add_argument("--no-parse-special", action="store_true")
-    t.add_argument("text", metavar="TEXT", help="text to tokenize (UTF-8; other bytes are an error)")
+    t.add_argument("text", metavar="TEXT", nargs="?", default=None,
+                   help="text to tokenize (UTF-8; other bytes are an error)")
+    t.add_argument("-f", "--file", default=None, help="tokenize this file's text instead ('-': standard input)")
+    t.add_argument("--stdin", action="store_true", help="tokenize standard input (llama-tokenize's --stdin)")
     t.set_defaults(func=cmd_tokenize)
 
     b = sub.add_parser("bench", help="prefill / decode throughput (llama-bench style)")

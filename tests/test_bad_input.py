@@ -312,6 +312,14 @@ def test_prompt_file_keeps_carriage_returns(smol_path, tmp_path):
 
     want = tokenize(text)
     assert want != tokenize(text.replace("\r\n", "\n").replace("\r", "\n"))  # the CRs are tokens of their own
+    # tokenize reads files and standard input too (llama-tokenize's -f / --stdin), the same way
+    tok = [sys.executable, "-m", "pyminfer", "tokenize", "-m", str(smol_path)]
+    for src, stdin in ((["-f", str(tmp_path / "p.txt")], None), (["-f", "-"], text.encode()), (["--stdin"], text.encode())):
+        out = subprocess.run(tok + src, input=stdin, capture_output=True, timeout=120)
+        assert out.returncode == 0 and json.loads(out.stdout) == want, (src, out.stderr)
+    for bad in ([], ["x", "--stdin"], ["-f", str(tmp_path / "p.txt"), "x"]):
+        out = subprocess.run(tok + bad, input=b"", capture_output=True, timeout=120)
+        assert out.returncode == 1 and b"give the text once" in out.stderr, (bad, out.stderr)
     for src, stdin in ((["-f", str(tmp_path / "p.txt")], None), (["-f", "-"], text.encode())):
         out = subprocess.run(base + src, input=stdin, capture_output=True, timeout=120)
         assert out.returncode == 0, out.stderr
