@@ -247,7 +247,8 @@ def _no_limit_as_none(n: int) -> int | None:
 
 
 class CompletionRequest(_GenRequest):
-    prompt: Union[str, List[Int], List[str]]
+    # OpenAI: a string, token ids, or a batch of either (one element only here: n = 1)
+    prompt: Union[str, List[Int], List[str], List[List[Int]]]
 
 
 class ChatMessage(BaseModel):
@@ -712,7 +713,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
     def completion_prompt(req: CompletionRequest, llm: LLM) -> list[int]:
         p = req.prompt
-        if isinstance(p, list) and p and isinstance(p[0], str):
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):  # a batch of prompts
             if len(p) != 1:
                 raise APIError(400, "only one prompt per request is supported", param="prompt")
             p = p[0]

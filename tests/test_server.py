@@ -705,6 +705,21 @@ def test_props(local):
     assert p["chat_template"] == state.llm.tokenizer.chat_template and p["build_info"].startswith("pyminfer")
 
 
+def test_completion_prompt_shapes(local):
+    """/v1/completions takes OpenAI's prompt shapes: text, token ids, and a batch of one of
+    either ([["text"]] no: a batch holds strings or id lists); a batch of two is a 400 (n = 1)."""
+    c, state = local
+    ids = state.llm.tokenize("The capital of France is")
+    want = c.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 3,
+                                           "temperature": 0}).json()["choices"][0]["text"]
+    for p in (ids, ["The capital of France is"], [ids]):
+        r = c.post("/v1/completions", json={"prompt": p, "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want, (p, r.text)
+    for p in ([ids, ids], ["a", "b"]):
+        assert "only one prompt" in _error(c.post("/v1/completions", json={"prompt": p, "max_tokens": 1}))["message"]
+    _error(c.post("/v1/completions", json={"prompt": [[1.5]], "max_tokens": 1}))
+
+
 def test_cache_prompt(local):
     """Requests reuse the K/V of the prefix they share with the last request (llama.cpp's
     cache_prompt, default true): reported as tokens_cached and OpenAI's
