@@ -369,8 +369,13 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
     """The JSON body as ``model`` (whatever the Content-Type); APIError 400 when it is not."""
     body = await request.body()
     try:
-        obj = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
+        text = body.decode("utf-8-sig") if body else ""  # (a leading BOM tolerated, as json.loads(bytes) did)
+    except UnicodeDecodeError as e:  # JSON text is UTF-8 (RFC 8259): name the byte, not "not JSON"
+        raise APIError(400, f"the request body is not valid UTF-8 (byte 0x{body[e.start]:02x} at offset {e.start}); "
+                       "JSON text must be UTF-8", code="invalid_json") from None
+    try:
+        obj = json.loads(text) if text else None
+    except ValueError:
         raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
     except RecursionError:
         raise APIError(400, "the request body nests too deeply", code="invalid_json") from None

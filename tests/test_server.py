@@ -592,6 +592,19 @@ def test_tiny_repeat_penalty_is_served(local):
         assert r.json()["usage"]["completion_tokens"] >= 1
 
 
+def test_body_that_is_not_utf8_says_so(local):
+    """A body with a Latin-1 byte is a 400 naming the byte and UTF-8 (it said "not valid JSON");
+    a UTF-8 BOM is tolerated."""
+    c, _ = local
+    r = c.post("/v1/completions", content=b'{"prompt": "caf\xe9", "max_tokens": 1}',
+               headers={"Content-Type": "application/json"})
+    err = _error(r)
+    assert err["code"] == "invalid_json" and "not valid UTF-8 (byte 0xe9 at offset 15)" in err["message"], err
+    r = c.post("/v1/completions", content=b'\xef\xbb\xbf{"prompt": "Hi", "max_tokens": 1}',
+               headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
 def test_deeply_nested_body_is_a_400(local):
     c, _ = local
     err = _error(_post_raw(c, "/v1/completions", '{"prompt": "x", "extra": ' + "[" * 100_000 + "]" * 100_000 + "}"))
