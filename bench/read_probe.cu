@@ -19,20 +19,6 @@
 constexpr int ROWS = 18944, ROW_BYTES = 2016; // 7B ffn_gate / ffn_up, q4_K: 14 blocks of 144 bytes
 constexpr size_t MAT = (size_t)ROWS * ROW_BYTES;
 
-__device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
-
-// Block-wide XOR into out[blockIdx.x] (keeps every load live).
-__device__ __forceinline__ void publish(uint32_t h, uint32_t *out) {
-    __shared__ uint32_t s[32];
-    for (int o = 16; o; o >>= 1) h ^= __shfl_xor_sync(0xffffffffu, h, o);
-    if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = h;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)blockDim.x / 32; w++) h ^= s[w];
-        out[blockIdx.x] = h;
-    }
-}
-
 // Plain streaming read of both matrices: a grid-stride loop, 16 bytes a thread, 4 loads in flight.
 __global__ void stream_kernel(const uint4 *a, const uint4 *b, size_t n16, uint32_t *out) {
     uint32_t h = 0;

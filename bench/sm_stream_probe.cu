@@ -33,19 +33,6 @@ constexpr size_t BUF = (size_t)256 << 20;
 constexpr int STAGES = 4, CHUNK = 48 << 10; // bulk ring: 4 x 48 KiB = 192 KiB an SM
 constexpr int THREADS = 1024;
 
-__device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
-
-__device__ __forceinline__ void publish(uint32_t h, uint32_t *out) {
-    __shared__ uint32_t s[32];
-    for (int o = 16; o; o >>= 1) h ^= __shfl_xor_sync(0xffffffffu, h, o);
-    if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = h;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 1; i < (int)blockDim.x / 32; i++) h ^= s[i];
-        out[blockIdx.x] = h ^ s[0];
-    }
-}
-
 // (a1) plain loads: block b reads bytes [b*per, (b+1)*per), 8 uint4 a thread in flight.
 __global__ void __launch_bounds__(THREADS) ld_kernel(const uint4 *__restrict__ src, size_t per16, uint32_t *out) {
     extern __shared__ uint8_t pin[]; // only to hold one block per SM
@@ -63,40 +50,56 @@ __global__ void __launch_bounds__(THREADS) ld_kernel(const uint4 *__restrict__ s
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-// (a2) bulk copies: thread 0 keeps STAGES chunks in flight; all threads fold each landed chunk.
-__global__ void __launch_bounds__(THREADS) bulk_kernel(const uint8_t *__restrict__ src, size_t per, uint32_t *out) {
-    extern __shared__ __align__(128) uint8_t ring[]; // [STAGES][CHUNK]
-    __shared__ __align__(8) uint64_t bar[STAGES];
-    const uint8_t *p = src + blockIdx.x * per;
-    const int n = (int)(per / CHUNK);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[s])));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+// The bulk-copy ring: STAGES slots of CHUNK bytes in dynamic shared memory, one mbarrier each
+// (arrival count 1: the issuing thread's expect_tx; the copy's bytes complete it).
+struct Ring {
+    uint8_t *slots;  // [STAGES][CHUNK]
+    uint64_t *bar;   // [STAGES]
+    __device__ void init() { // thread 0, then a block barrier
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < STAGES; s++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[s])));
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
     }
-    __syncthreads();
-    auto issue = [&](int c) {
+    // Chunk number c (of this block's sequence) from global src into slot c % STAGES.
+    __device__ void issue(int c, const uint8_t *src) {
         const int s = c % STAGES;
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[s])), "r"(CHUNK)
                      : "memory");
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         smem_u32(ring + (size_t)s * CHUNK)),
-                     "l"(p + (size_t)c * CHUNK), "r"(CHUNK), "r"(smem_u32(&bar[s]))
+                         smem_u32(slots + (size_t)s * CHUNK)),
+                     "l"(src), "r"(CHUNK), "r"(smem_u32(&bar[s]))
                      : "memory");
-    };
-    if (threadIdx.x == 0)
-        for (int c = 0; c < STAGES && c < n; c++) issue(c);
-    uint32_t h = 0;
-    for (int c = 0; c < n; c++) {
+    }
+    // Wait until chunk c has landed; its slot as 16-byte words.
+    __device__ const uint4 *wait(int c) {
         const int s = c % STAGES;
         const uint32_t parity = (uint32_t)(c / STAGES) & 1u;
         asm volatile("{\n .reg .pred P;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n @!P bra WAIT_%=;\n}" ::"r"(
                          smem_u32(&bar[s])),
                      "r"(parity)
                      : "memory");
-        const uint4 *q = (const uint4 *)(ring + (size_t)s * CHUNK);
+        return (const uint4 *)(slots + (size_t)s * CHUNK);
+    }
+};
+
+// (a2) bulk copies: thread 0 keeps STAGES chunks in flight; all threads fold each landed chunk.
+__global__ void __launch_bounds__(THREADS) bulk_kernel(const uint8_t *__restrict__ src, size_t per, uint32_t *out) {
+    extern __shared__ __align__(128) uint8_t ring_smem[]; // [STAGES][CHUNK]
+    __shared__ __align__(8) uint64_t bar[STAGES];
+    Ring ring{ring_smem, bar};
+    const uint8_t *p = src + blockIdx.x * per;
+    const int n = (int)(per / CHUNK);
+    ring.init();
+    if (threadIdx.x == 0)
+        for (int c = 0; c < STAGES && c < n; c++) ring.issue(c, p + (size_t)c * CHUNK);
+    uint32_t h = 0;
+    for (int c = 0; c < n; c++) {
+        const uint4 *q = ring.wait(c);
         for (int i = threadIdx.x; i < CHUNK / 16; i += THREADS) h ^= fold(q[i]);
-        __syncthreads(); // everyone is done with stage s before it is refilled
-        if (threadIdx.x == 0 && c + STAGES < n) issue(c + STAGES);
+        __syncthreads(); // everyone is done with the slot before it is refilled
+        if (threadIdx.x == 0 && c + STAGES < n) ring.issue(c + STAGES, p + (size_t)(c + STAGES) * CHUNK);
     }
     publish(h, out);
 }
@@ -113,54 +116,52 @@ __global__ void cluster_kernel(int iters, uint32_t *out) {
 __global__ void __launch_bounds__(THREADS) phase_kernel(const uint8_t *__restrict__ src, const int *__restrict__ phase_chunks,
                                                          int n_phases, int barriers, uint32_t *out) {
     const size_t n_buf_chunks = BUF / CHUNK; // the stream wraps around the buffer (> L2: still DRAM)
-    extern __shared__ __align__(128) uint8_t ring[]; // [STAGES][CHUNK]
+    extern __shared__ __align__(128) uint8_t ring_smem[]; // [STAGES][CHUNK]
     __shared__ __align__(8) uint64_t bar[STAGES];
+    Ring ring{ring_smem, bar};
     uint32_t rank, csize;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(csize));
     int total = 0; // this block's chunks over all phases
     for (int p = 0; p < n_phases; p++) total += phase_chunks[p] / (int)csize;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[s])));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+    ring.init();
     // chunk c of this block is global chunk rank + C * c of the concatenated phases
-    auto issue = [&](int c) {
-        const int s = c % STAGES;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[s])), "r"(CHUNK)
-                     : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         smem_u32(ring + (size_t)s * CHUNK)),
-                     "l"(src + (((size_t)rank + (size_t)csize * c) % n_buf_chunks) * CHUNK), "r"(CHUNK), "r"(smem_u32(&bar[s]))
-                     : "memory");
-    };
+    auto at = [&](int c) { return src + (((size_t)rank + (size_t)csize * c) % n_buf_chunks) * CHUNK; };
     if (threadIdx.x == 0)
-        for (int c = 0; c < STAGES && c < total; c++) issue(c);
+        for (int c = 0; c < STAGES && c < total; c++) ring.issue(c, at(c));
     uint32_t h = 0;
     const int a = 0x01020304 + threadIdx.x;
     int c = 0;
     for (int p = 0; p < n_phases; p++) {
         const int n = phase_chunks[p] / (int)csize;
         for (int i = 0; i < n; i++, c++) {
-            const int s = c % STAGES;
-            const uint32_t parity = (uint32_t)(c / STAGES) & 1u;
-            asm volatile("{\n .reg .pred P;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n @!P bra WAIT_%=;\n}" ::"r"(
-                             smem_u32(&bar[s])),
-                         "r"(parity)
-                         : "memory");
-            const uint4 *q = (const uint4 *)(ring + (size_t)s * CHUNK);
+            const uint4 *q = ring.wait(c);
             for (int j = threadIdx.x; j < CHUNK / 16; j += THREADS) {
                 const uint4 v = q[j];
                 h = __dp4a((int)v.x, a, __dp4a((int)v.y, a, __dp4a((int)v.z, a, __dp4a((int)v.w, a, (int)h))));
             }
             __syncthreads();
-            if (threadIdx.x == 0 && c + STAGES < total) issue(c + STAGES);
+            if (threadIdx.x == 0 && c + STAGES < total) ring.issue(c + STAGES, at(c + STAGES));
         }
         if (barriers)
             asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
     }
-    publish(h, out + rank * 0);
+    publish(h, out);
+}
+
+// A launch of `grid` blocks in clusters of `csize` (at[0] must outlive the launch).
+cudaLaunchConfig_t cluster_config(int grid, int block, size_t smem, int csize, cudaLaunchAttribute (&at)[1]) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = csize;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
 }
 
 template <class F> float median_ms(F &&launch, int reps = 9) {
@@ -216,16 +217,8 @@ int main() {
         float us[2];
         for (int k = 0; k < 2; k++) {
             const int nclusters = k ? 8 : 1;
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(c * nclusters);
-            cfg.blockDim = dim3(256);
             cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = c;
-            at[0].val.clusterDim.y = 1;
-            at[0].val.clusterDim.z = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
+            cudaLaunchConfig_t cfg = cluster_config(c * nclusters, 256, 0, c, at);
             const float ms = median_ms([&] { CK(cudaLaunchKernelEx(&cfg, cluster_kernel, iters, out)); }, 5);
             us[k] = ms * 1e3f / iters;
         }
@@ -254,17 +247,8 @@ int main() {
                     mb += (double)n * CHUNK / 1e6;
                 }
             CK(cudaMemcpy(d_phases, ph.data(), ph.size() * 4, cudaMemcpyHostToDevice));
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(c);
-            cfg.blockDim = dim3(THREADS);
-            cfg.dynamicSmemBytes = ring;
             cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = c;
-            at[0].val.clusterDim.y = 1;
-            at[0].val.clusterDim.z = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
+            cudaLaunchConfig_t cfg = cluster_config(c, THREADS, ring, c, at);
             float ms[2];
             for (int b = 0; b < 2; b++)
                 ms[b] = median_ms([&] { CK(cudaLaunchKernelEx(&cfg, phase_kernel, (const uint8_t *)buf, (const int *)d_phases,
