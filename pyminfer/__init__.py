@@ -10,3 +10,4 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 from .api import LLM  # noqa: E402,F401  (imports no server dependency)
 from .ngram import NgramSpec  # noqa: E402,F401  (LLM(spec_ngram=NgramSpec(n, m)))
+from .sampling import NaNLogitsError  # noqa: E402,F401  (what generation raises for corrupt weights)

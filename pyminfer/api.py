@@ -108,6 +108,7 @@ class LLM:
         self._owner: int | None = None
         self._cache_ids: list[int] = []  # ids whose K/V are valid in the target's cache (positions 0..)
         self._draft_ids: list[int] = []  # the same for the draft's cache
+        self._marks: tuple[int, int] = (-1, -1)  # the models' write counters when that was last true
 
     @classmethod
     def from_models(cls, model: Any, draft: Any = None, *, spec_draft_n: int = 4,
@@ -127,13 +128,15 @@ class LLM:
         self._lock = threading.Lock()
         self._owner = None
         self._cache_ids, self._draft_ids = [], []
+        self._marks = (-1, -1)
         return self
 
     # ------------------------------------------------------------------ properties
     @property
     def model(self) -> Any:
         """The underlying pyminfer.engine.Model (raises RuntimeError after close()). Forwards run on
-        it directly overwrite the KV cache behind this LLM's back: call ``reset()`` afterwards."""
+        it directly (or by another LLM wrapping it) overwrite its KV cache: the next generation here
+        sees that (Model.writes) and prefills its whole prompt."""
         if self._model is None:
             raise RuntimeError("this LLM is closed")
         return self._model
@@ -232,7 +235,9 @@ class LLM:
             pyminfer.engine.ContextFull (a ValueError): the prompt does not fit n_ctx.
             TypeError: a prompt that is neither str nor a list of ints; an argument of the wrong
                 type (named in the message).
-            RuntimeError: the LLM is closed, or this thread is still iterating another stream.
+            RuntimeError: the LLM is closed, or this thread is still iterating another stream (another
+                thread's generation is waited for instead: one generation at a time).
+            pyminfer.NaNLogitsError (a RuntimeError): the model produced NaN logits (corrupt weights).
         """
         ids = self.prompt_ids(prompt)
         params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop)
@@ -309,6 +314,12 @@ class LLM:
 
         self._acquire()
         try:
+            # a model written since our last generation (directly, or by another LLM wrapping the
+            # same Model) holds other K/V than our bookkeeping says: forget it
+            if self._marks[0] != self.model.writes:
+                self._cache_ids = []
+            if self._draft is not None and self._marks[1] != self._draft.writes:
+                self._draft_ids = []
             n_past = common_prefix(self._cache_ids, ids) if cache_prompt else 0
             dn = common_prefix(self._draft_ids, ids) if cache_prompt and self._draft is not None else 0
             # until tokens come out only the common prefixes are known to be valid (the prefill
@@ -332,12 +343,14 @@ class LLM:
                     dnp = (res.spec or {}).get("draft_n_past") if res is not None else None
                     if isinstance(dnp, int):
                         self._draft_ids = (ids + list(res.generated_ids))[:dnp]
+                self._marks = (self.model.writes, self._draft.writes if self._draft is not None else -1)
         finally:
             self._release()
 
     def reset(self) -> None:
         """Forget what the KV caches hold: the next generation prefills its whole prompt (as
-        llama-cpp-python's Llama.reset). Raises RuntimeError while a generation is running."""
+        llama-cpp-python's Llama.reset). Raises RuntimeError while this thread iterates a stream;
+        waits for another thread's generation."""
         self._acquire()
         try:
             self._cache_ids, self._draft_ids = [], []

@@ -254,8 +254,9 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
             print("(/exit or Ctrl-D to quit)", file=err, flush=True)
             continue
         line = line.rstrip("\n")
-        cmd = line.strip()
-        if not cmd:
+        # a command is a line that starts with "/": " /exit" (a leading space) is a message
+        cmd = line.rstrip()
+        if not cmd.strip():
             continue
         if cmd in ("/exit", "/quit", "/bye"):
             return 1 if refused else 0

@@ -254,12 +254,13 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from .models import resolve_model
     from .tokenizer import Tokenizer
 
-    sources = [x for x in (args.text is not None, args.file is not None, args.stdin) if x]
+    sources = [x for x in (args.text is not None, args.prompt is not None, args.file is not None, args.stdin) if x]
     if len(sources) != 1:
-        raise ValueError("give the text once: TEXT, -f FILE or --stdin")
-    if args.text is not None:
-        _check_arg_text(args.text, "TEXT")
-        text = args.text
+        raise ValueError("give the text to tokenize in one way: TEXT, -p TEXT, -f FILE or --stdin"
+                         + (" (got several)" if sources else ""))
+    if args.text is not None or args.prompt is not None:
+        text = args.text if args.text is not None else args.prompt
+        _check_arg_text(text, "TEXT" if args.text is not None else "-p/--prompt")
     else:  # the file's bytes as they are (as -f of `run`), UTF-8 checked
         text = _read_prompt_file("-" if args.stdin else args.file)
     tok = Tokenizer.from_gguf(resolve_model(args.model))
@@ -370,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-parse-special", action="store_true")
     t.add_argument("text", metavar="TEXT", nargs="?", default=None,
                    help="text to tokenize (UTF-8; other bytes are an error)")
+    t.add_argument("-p", "--prompt", default=None, help="the text, as an option (llama-tokenize's -p)")
     t.add_argument("-f", "--file", default=None, help="tokenize this file's text instead ('-': standard input)")
     t.add_argument("--stdin", action="store_true", help="tokenize standard input (llama-tokenize's --stdin)")
     t.set_defaults(func=cmd_tokenize)

@@ -62,6 +62,9 @@ class Model:
     def __init__(self, path: str | Path, *, device: str = "auto", n_ctx: int | None = None, n_threads: int = 0,
                  max_nt: int | None = None, n_layer: int | None = None):
         t0 = time.perf_counter()
+        # forwards run so far (forward, submit, prefill): how a holder of cache bookkeeping (LLM's
+        # prompt cache) sees that something else wrote this KV cache since it last did
+        self.writes = 0
         self.gguf = GGUFModel(path)
         self.config = self.gguf.config
         if n_layer is not None:  # a truncated model (first n_layer blocks): a cheap self-draft for tests
@@ -134,13 +137,14 @@ class Model:
         tk = np.asarray(tokens, dtype=np.int32)
         pos = np.arange(start, start + n, dtype=np.int32)
         rows = np.asarray(out_rows, dtype=np.int32)
+        self.writes += 1
         if logits:
             out = np.empty((len(rows), self.n_vocab), np.float32)
             self.ctx.forward(tk, pos, rows, out, None)
             return out
         am = np.empty(len(rows), np.int32)
         self.ctx.forward(tk, pos, rows, None, am)
-        return _checked(am)
+        return self._checked(am)
 
     def submit(self, tokens: Sequence[int], start: int, out_rows: Sequence[int]) -> None:
         """Start the forward ``forward(tokens, start, out_rows, logits=False)`` would run and return
@@ -153,6 +157,7 @@ class Model:
         if n > self.max_nt:
             raise ValueError(f"batch of {n} tokens exceeds max_nt={self.max_nt}")
         self._check_span(n, start)
+        self.writes += 1
         self.ctx.forward_submit(np.asarray(tokens, dtype=np.int32), np.arange(start, start + n, dtype=np.int32),
                                 np.asarray(out_rows, dtype=np.int32))
         self._pend_rows = len(out_rows)  # only once submitted: a refused submit leaves the pending one
@@ -166,7 +171,14 @@ class Model:
         ``forward``."""
         am = np.empty(self._pend_rows, np.int32)
         self.ctx.forward_wait(am)
-        return _checked(am)
+        return self._checked(am)
+
+    def _checked(self, argmax: np.ndarray) -> np.ndarray:
+        """The native argmax ids, or NaNLogitsError naming this model's file where a row's logits held
+        a NaN (its id is -1): with a draft model, which of the two files is bad."""
+        if argmax.size and int(argmax.min()) < 0:
+            raise NaNLogitsError(f"{self.gguf.path.name}: {NaNLogitsError.MESSAGE}")
+        return argmax
 
     def prefill(self, tokens: Sequence[int], start: int, *, logits: bool = True) -> np.ndarray:
         """Evaluate a prompt in chunks of max_nt; returns the last token's logits [n_vocab] (or its
@@ -181,13 +193,6 @@ class Model:
             out = self.forward(chunk, start + i, [len(chunk) - 1] if last else [], logits=logits)
         assert out is not None
         return out[0] if logits else out
-
-
-def _checked(argmax: np.ndarray) -> np.ndarray:
-    """The native argmax ids, or NaNLogitsError where a row's logits held a NaN (its id is -1)."""
-    if argmax.size and int(argmax.min()) < 0:
-        raise NaNLogitsError(NaNLogitsError.MESSAGE)
-    return argmax
 
 
 class ContextFull(ValueError):

@@ -84,7 +84,19 @@ Bool = Annotated[bool, Field(strict=True)]
 Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
-class StreamOptions(BaseModel):
+class _Request(BaseModel):
+    """A request body: OpenAI's API takes null for every optional field (some clients send explicit
+    nulls), so a declared field given as null gets its default, as if it were absent."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (v is None and k in cls.model_fields)}
+        return data
+
+
+class StreamOptions(_Request):
     model_config = ConfigDict(extra="allow")
 
     include_usage: Bool = False
@@ -156,6 +168,8 @@ _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "samplers": (_nonempty, "the sampler chain is fixed (repeat penalty, top_k, top_p, min_p, temperature)"),
     "chat_template_kwargs": (_nonempty, "no extra variables are passed to the chat template"),
     "t_max_predict_ms": (_positive, "no time limit on generation; use max_tokens"),
+    "return_tokens": (_true, "the generated token ids are not returned"),
+    "post_sampling_probs": (_true, "token probabilities are not computed"),
 }
 # Fields known not to change the output: accepted, ignored, and not warned about.
 _IGNORED = frozenset({
@@ -166,7 +180,7 @@ _IGNORED = frozenset({
 })
 
 
-class _GenRequest(BaseModel):
+class _GenRequest(_Request):
     model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
@@ -201,15 +215,6 @@ class _GenRequest(BaseModel):
     logit_bias: Optional[Union[dict, list]] = None  # llama.cpp also takes [[token, bias], ...]
     tools: Optional[list] = None
     response_format: Optional[dict] = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_default(cls, data: Any) -> Any:
-        """OpenAI's API takes null for every optional field (some clients send explicit nulls):
-        a declared field given as null gets its default, as if it were absent."""
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if not (v is None and k in cls.model_fields)}
-        return data
 
     def check(self) -> None:
         """The checks pydantic's field types cannot express; APIError 400."""
@@ -273,14 +278,14 @@ class ChatRequest(_GenRequest):
                                code="invalid_value")
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Request):
     content: str
     add_special: Bool = False
     parse_special: Bool = True
     with_pieces: Bool = False
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_Request):
     tokens: List[Int]
 
 
@@ -563,7 +568,7 @@ def _timings(res: GenerationResult) -> dict[str, Any]:
     t = res.timings
     prompt_n, prompt_ms = int(t.get("prefill_tokens", 0)), 1000 * t.get("prefill_s", 0.0)
     predicted_n, predicted_ms = len(res.generated_ids), 1000 * t.get("decode_s", 0.0)
-    out = {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
+    out = {"cache_n": int(t.get("cached_tokens", 0)), "prompt_n": prompt_n, "prompt_ms": prompt_ms,
            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
            "prompt_per_second": t.get("prefill_tok_s", 0.0), "predicted_n": predicted_n,
            "predicted_ms": predicted_ms, "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,

@@ -216,6 +216,15 @@ def test_prompt_cache_reuses_the_longest_common_prefix():
         it.close()
         r = m.generate(a.prompt_ids + a.generated_ids[:5], max_tokens=3, temperature=0)
         assert r.timings["cached_tokens"] == n + 2
+        # the Model written by something else (directly, or another LLM over it): no stale reuse
+        twin = LLM.from_models(m.model)
+        twin.generate("def fib(n):", max_tokens=6, temperature=0)
+        r = m.generate(PROMPT, max_tokens=8, temperature=0)
+        assert r.timings["cached_tokens"] == 0 and r.generated_ids == a.generated_ids
+        m.model.prefill(m.tokenize("Hello there"), 0, logits=False)
+        r = m.generate(PROMPT, max_tokens=8, temperature=0)
+        assert r.timings["cached_tokens"] == 0 and r.generated_ids == a.generated_ids
+        twin._model = None  # (not close(): m owns the Model)
     with LLM("smollm2-135m", draft_model="smollm2-135m", device="cpu", n_ctx=256, spec_draft_n=3) as s:
         b = s.generate(PROMPT, max_tokens=8, temperature=0)
         c = s.generate(follow, max_tokens=8, temperature=0)

@@ -188,8 +188,10 @@ def test_nan_logits_are_an_error_not_token_zero():
     """Corrupt weights that make a logit NaN: the native argmax gives -1 for that row (not the first
     id, which decoded as a silent end of generation), the engine and the sampler raise
     NaNLogitsError; the CLI prints it as one line (RuntimeError)."""
-    from pyminfer.sampling import NaNLogitsError, Sampler
-    from pyminfer.engine import _checked
+    from types import SimpleNamespace
+
+    from pyminfer import NaNLogitsError
+    from pyminfer.sampling import Sampler
 
     ctx, _keep = _nan_output_model(0)
     toks, pos, rows = (np.array(v, np.int32) for v in ([5, 6, 7], [0, 1, 2], [0, 1, 2]))
@@ -198,8 +200,9 @@ def test_nan_logits_are_an_error_not_token_zero():
     ctx.forward(toks, pos, rows, logits, am)
     assert np.isnan(logits[:, 7]).all() and not np.isnan(np.delete(logits, 7, axis=1)).any()
     assert (am == -1).all()
-    with pytest.raises(NaNLogitsError, match="NaN logits"):
-        _checked(am)
+    fake = SimpleNamespace(gguf=SimpleNamespace(path=Path("/x/draft.gguf")))  # the engine names the file
+    with pytest.raises(NaNLogitsError, match="^draft.gguf: the model produced NaN logits"):
+        Model._checked(fake, am)
     assert issubclass(NaNLogitsError, RuntimeError)
     for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
                    SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, seed=1)):
@@ -314,12 +317,13 @@ def test_prompt_file_keeps_carriage_returns(smol_path, tmp_path):
     assert want != tokenize(text.replace("\r\n", "\n").replace("\r", "\n"))  # the CRs are tokens of their own
     # tokenize reads files and standard input too (llama-tokenize's -f / --stdin), the same way
     tok = [sys.executable, "-m", "pyminfer", "tokenize", "-m", str(smol_path)]
-    for src, stdin in ((["-f", str(tmp_path / "p.txt")], None), (["-f", "-"], text.encode()), (["--stdin"], text.encode())):
+    for src, stdin in ((["-f", str(tmp_path / "p.txt")], None), (["-f", "-"], text.encode()), (["--stdin"], text.encode()),
+                       (["-p", text], None)):
         out = subprocess.run(tok + src, input=stdin, capture_output=True, timeout=120)
         assert out.returncode == 0 and json.loads(out.stdout) == want, (src, out.stderr)
     for bad in ([], ["x", "--stdin"], ["-f", str(tmp_path / "p.txt"), "x"]):
         out = subprocess.run(tok + bad, input=b"", capture_output=True, timeout=120)
-        assert out.returncode == 1 and b"give the text once" in out.stderr, (bad, out.stderr)
+        assert out.returncode == 1 and b"give the text to tokenize in one way" in out.stderr, (bad, out.stderr)
     for src, stdin in ((["-f", str(tmp_path / "p.txt")], None), (["-f", "-"], text.encode())):
         out = subprocess.run(base + src, input=stdin, capture_output=True, timeout=120)
         assert out.returncode == 0, out.stderr

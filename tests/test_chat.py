@@ -143,16 +143,17 @@ def test_system_prompt_longer_than_the_context_is_refused_at_start():
 
 def test_unknown_command_is_not_a_message_and_stats_add_up():
     """A mistyped /command is refused with the help (it went to the model as a user message); a
-    line starting with a space and / is a message; the stats' cached + new tokens are the prompt's
+    line starting with a space and / is a message (" /exit" too: commands start the line); the stats' cached + new tokens are the prompt's
     (an n_past the generation clamps to the prompt length - 1 was printed unclamped)."""
     ensure_model(MODEL, progress=False)
     out = _cli("chat", "-m", MODEL, "--device", "cpu", "-c", "256", "--temp", "0", "-n", "4",
-               stdin="/exti\n /usr/bin is a path\nHi\n")
+               stdin="/exti\n /usr/bin is a path\n /foo\nHi\n /exit\nHello\n")
     assert out.returncode == 0, out.stderr
     assert "unknown command /exti" in out.stderr and "/help" in out.stderr
     stats = [re.search(r"prompt (\d+) tok \((\d+) cached, (\d+) new", line) for line in out.stderr.splitlines()]
     stats = [tuple(int(g) for g in m.groups()) for m in stats if m]
-    assert len(stats) == 2, out.stderr  # " /usr/bin ..." and "Hi": two replies, not three
+    # " /usr/bin ...", " /foo", "Hi", " /exit" (a leading space: a message, not the command) and "Hello"
+    assert len(stats) == 5, out.stderr
     for n_prompt, cached, new in stats:
         assert cached + new == n_prompt, stats
     assert stats[0][1] == 0 and stats[1][1] > 0

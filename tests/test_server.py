@@ -404,6 +404,14 @@ def test_null_fields_mean_their_defaults(local):
     r = _chat(c, msgs, repeat_penalty=1.3, repeat_last_n=-1)
     assert r.status_code == 200, r.text
     _error(_chat(c, msgs, repeat_last_n=-2), 400)
+    # nested and other endpoints' fields too
+    r = _chat(c, msgs, stream=True, stream_options={"include_usage": None})
+    assert r.status_code == 200, r.text
+    r = c.post("/tokenize", json={"content": "Hello", "add_special": None, "with_pieces": None})
+    assert r.status_code == 200 and r.json()["tokens"] == c.post("/tokenize", json={"content": "Hello"}).json()["tokens"]
+    # a llama.cpp field that would change the answer is refused, not ignored
+    assert _error(c.post("/completion", json={"prompt": "Hi", "n_predict": 1, "return_tokens": True}))["param"] \
+        == "return_tokens"
 
 
 def test_developer_role_is_system_and_unknown_roles_are_refused(local):
@@ -742,8 +750,10 @@ def test_cache_prompt(local):
     body = {"prompt": "Once upon a time, in a land far away, there lived", "temperature": 0, "n_predict": 6}
     first = c.post("/completion", json={**body, "cache_prompt": False}).json()
     assert first["tokens_cached"] == 0 and first["timings"]["prompt_n"] == first["tokens_evaluated"]
+    assert first["timings"]["cache_n"] == 0
     again = c.post("/completion", json=body).json()
     assert again["tokens_cached"] == again["tokens_evaluated"] - 1 and again["content"] == first["content"]
+    assert again["timings"]["cache_n"] == again["tokens_cached"]
     r = c.post("/v1/completions", json={"prompt": body["prompt"], "temperature": 0, "max_tokens": 6}).json()
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == r["usage"]["prompt_tokens"] - 1
     assert r["choices"][0]["text"] == first["content"]
