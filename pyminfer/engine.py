@@ -176,7 +176,7 @@ class Model:
     def _checked(self, argmax: np.ndarray) -> np.ndarray:
         """The native argmax ids, or NaNLogitsError naming this model's file where a row's logits held
         a NaN (its id is -1): with a draft model, which of the two files is bad."""
-        if argmax.size and int(argmax.min()) < 0:
+        if min(argmax.tolist(), default=0) < 0:  # a Python min: ~0.3 us for <= 9 rows, not numpy's ~2 us
             raise NaNLogitsError(f"{self.gguf.path.name}: {NaNLogitsError.MESSAGE}")
         return argmax
 
