@@ -74,7 +74,10 @@ class LLM:
 
         from .spec import MAX_DEPTH, check_draft
 
-        # settings first: a bad one is refused before any (slow) load
+        # settings first: a bad one is refused before any (slow) load (n_ctx / n_threads: by Model,
+        # before it reads more than the file's header)
+        if isinstance(spec_draft_n, bool) or not isinstance(spec_draft_n, int):
+            raise TypeError(f"spec_draft_n must be an int, got {type(spec_draft_n).__name__}")
         if n_ubatch is not None and (isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int)):
             raise TypeError(f"n_ubatch must be an int or None, got {type(n_ubatch).__name__}")
         if n_ubatch is not None and n_ubatch < 1:

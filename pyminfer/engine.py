@@ -55,12 +55,17 @@ class Model:
         n_layer: use only the first n_layer blocks (a truncated self-draft; tests and experiments).
     Raises:
         FileNotFoundError, GGUFError (bad file / arch / type / contradictory metadata), ValueError (n_ctx < 1,
-        n_threads < 0, max_nt < 1, tokenizer ids outside the vocabulary), TypeError (max_nt not an int),
+        n_threads < 0, max_nt < 1, tokenizer ids outside the vocabulary), TypeError (n_ctx, n_threads or
+        max_nt not an int: a bool or a float is refused too),
         RuntimeError (device), MemoryError.
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", n_ctx: int | None = None, n_threads: int = 0,
                  max_nt: int | None = None, n_layer: int | None = None):
+        # settings first: a bad type is refused before the (slow) load
+        for name, v, none_ok in (("n_ctx", n_ctx, True), ("n_threads", n_threads, False)):
+            if (v is not None or not none_ok) and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                raise TypeError(f"{name} must be an int{' or None' if none_ok else ''}, got {type(v).__name__}")
         t0 = time.perf_counter()
         # forwards run so far (forward, submit, prefill): how a holder of cache bookkeeping (LLM's
         # prompt cache) sees that something else wrote this KV cache since it last did

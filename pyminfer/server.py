@@ -125,6 +125,12 @@ def _true(v: Any) -> bool:
     return v is not None and v is not False and v != 0
 
 
+def _set(v: Any) -> bool:
+    """"Asks for something" unless null or false: 0 counts (OpenAI's legacy completions return the
+    sampled token's log-probability for logprobs = 0)."""
+    return v is not None and v is not False
+
+
 def _not_none_or_auto(v: Any) -> bool:
     # "none" and "auto" without tools (tools themselves are refused) both mean: answer in text
     return v not in (None, "none", "auto")
@@ -139,7 +145,7 @@ def _not_none_or_auto(v: Any) -> bool:
 # accepted and ignored; other unknown fields are ignored with a warning in the server log.
 _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     # OpenAI
-    "logprobs": (_true, "token log-probabilities are not computed"),
+    "logprobs": (_set, "token log-probabilities are not computed"),
     "top_logprobs": (_true, "token log-probabilities are not computed"),
     "echo": (_true, "the prompt is not echoed back"),
     "best_of": (_other_than(1), "one candidate is generated per request"),
@@ -572,7 +578,8 @@ def _timings(res: GenerationResult) -> dict[str, Any]:
            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
            "prompt_per_second": t.get("prefill_tok_s", 0.0), "predicted_n": predicted_n,
            "predicted_ms": predicted_ms, "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-           "predicted_per_second": t.get("decode_tok_s", 0.0)}
+           # as llama.cpp's server: both rates from the same n (their product is 1000)
+           "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0}
     if res.spec:
         out["draft_n"] = res.spec.get("drafted", 0)
         out["draft_n_accepted"] = res.spec.get("accepted", 0)
@@ -719,7 +726,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         given, m = req.token_limit()
         if not given:
             m = default
-        return llm.n_ctx - n_prompt if m is None else m
+        # no limit: until the context is full, i.e. the last free position fed and one more sampled
+        # (what the generation loop itself allows: n_ctx - n_prompt + 1 tokens)
+        return llm.n_ctx - n_prompt + 1 if m is None else m
 
     def completion_prompt(req: CompletionRequest, llm: LLM) -> list[int]:
         p = req.prompt

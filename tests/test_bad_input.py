@@ -518,6 +518,13 @@ def test_ubatch_size(smol_path):
             Model(smol_path, device="cpu", n_ctx=64, max_nt=bad)
     with pytest.raises(ValueError, match="n_ubatch must be >= 1"):
         LLM(smol_path, device="cpu", n_ubatch=-1)
+    # n_ctx / n_threads / spec_draft_n: ints (a str failed deep inside with "'<=' not supported", a
+    # float or a bool was taken as a context size, a float depth failed at the first generate)
+    for kw in ({"n_ctx": "64"}, {"n_ctx": 64.5}, {"n_ctx": True}, {"n_threads": "2"}, {"n_threads": 1.0},
+               {"spec_draft_n": 2.5, "draft_model": smol_path}, {"spec_draft_n": True}):
+        name = next(k for k in kw if k != "draft_model")
+        with pytest.raises(TypeError, match=f"^{name} must be an int"):
+            LLM(smol_path, device="cpu", **kw)
     with pytest.raises(ValueError, match="n_ubatch 3 is too small for spec_draft_n 4"):
         LLM(smol_path, device="cpu", draft_model=smol_path, n_ubatch=3)
     m = ["-m", str(smol_path), "--device", "cpu", "-p", "The capital of France is", "-n", "6", "--temp", "0"]

@@ -328,7 +328,8 @@ def test_unsupported_openai_fields_are_refused_not_ignored():
     state = ServerState(lambda: LLM(path, device="cpu", n_ctx=128), aliases=[MODEL])
     base = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
     with _serving(state, 60) as c:
-        for extra in ({"logprobs": 2}, {"echo": True}, {"frequency_penalty": 0.5}, {"presence_penalty": -1},
+        # logprobs 0 asks for the sampled token's log-probability (OpenAI's legacy completions)
+        for extra in ({"logprobs": 2}, {"logprobs": 0}, {"echo": True}, {"frequency_penalty": 0.5}, {"presence_penalty": -1},
                       {"best_of": 3}, {"logit_bias": {"10": 5}}):
             r = c.post("/v1/completions", json={**base, **extra})
             assert r.status_code == 400 and next(iter(extra)) in r.json()["error"]["message"], (extra, r.text)
@@ -338,6 +339,9 @@ def test_unsupported_openai_fields_are_refused_not_ignored():
         neutral = {"logprobs": None, "echo": False, "frequency_penalty": 0, "presence_penalty": 0.0, "best_of": 1,
                    "logit_bias": {}, "response_format": {"type": "text"}}
         assert c.post("/v1/completions", json={**base, **neutral}).status_code == 200
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "logprobs": False,
+                                                 "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200, r.text
     state.llm.close()
 
 
@@ -787,8 +791,9 @@ def test_llama_cpp_completion_endpoint(local):
     assert w["stop_type"] == "word" and w["stopping_word"] == cut and w["content"] == full[:full.index(cut)]
     # no limit by default (llama.cpp's n_predict -1): runs to EOS or a full context
     d = c.post("/completion", json={"prompt": "Once upon a time", "temperature": 0, "repeat_penalty": 1.3}).json()
+    # (a full context: every position fed, and one token more sampled from the last)
     assert d["stop_type"] == "eos" or (d["stop_type"] == "limit" and
-                                       d["tokens_evaluated"] + d["tokens_predicted"] == state.llm.n_ctx), d
+                                       d["tokens_evaluated"] + d["tokens_predicted"] == state.llm.n_ctx + 1), d
     assert d["tokens_predicted"] > 16  # more than /v1/completions' default
     # streamed: {"content", "stop": false} pieces, then the final object, and no [DONE]
     r = c.post("/completion", json={**body, "n_predict": 4, "stream": True})
@@ -801,6 +806,22 @@ def test_llama_cpp_completion_endpoint(local):
     assert objs[-1]["tokens_predicted"] == 4 and objs[-1]["stop_type"] == "limit"
     err = _error(c.post("/completion", json={"n_predict": 2}))
     assert err["param"] == "prompt"
+
+
+def test_no_limit_runs_to_the_full_context_as_an_explicit_one(local):
+    """A prompt 11 positions short of n_ctx: /completion without n_predict (no limit) generates as
+    many tokens as with a large explicit limit, and as /v1/completions (it stopped one short); the
+    timings' two decode rates agree (llama.cpp: both from predicted_n)."""
+    c, state = local
+    n_ctx = state.llm.n_ctx
+    ids = state.llm.tokenize("hello world " * 200)[:n_ctx - 11]
+    body = {"prompt": ids, "temperature": 0, "repeat_penalty": 1.0}
+    counts = [c.post("/completion", json=body).json()["tokens_predicted"],
+              c.post("/completion", json={**body, "n_predict": 100}).json()["tokens_predicted"],
+              c.post("/v1/completions", json={**body, "max_tokens": 100}).json()["usage"]["completion_tokens"]]
+    assert counts[0] == counts[1] == counts[2], counts
+    t = c.post("/completion", json={**body, "n_predict": 5}).json()["timings"]
+    assert t["predicted_n"] == 5 and t["predicted_per_second"] * t["predicted_per_token_ms"] == pytest.approx(1000)
 
 
 def test_tokenize_pieces_of_split_characters(local):
