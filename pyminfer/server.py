@@ -679,6 +679,14 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         return PlainTextResponse(state.metrics.render(state.llm is not None),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    @app.post("/embedding")
+    async def embeddings() -> JSONResponse:
+        # as llama.cpp's server without --embeddings: 501 with a reason, not a bare 404
+        raise APIError(501, "this server does not compute embeddings (a generation-only engine)",
+                       type="not_supported_error")
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
         req = await _parse(request, TokenizeRequest)

@@ -339,6 +339,9 @@ def test_unsupported_openai_fields_are_refused_not_ignored():
         neutral = {"logprobs": None, "echo": False, "frequency_penalty": 0, "presence_penalty": 0.0, "best_of": 1,
                    "logit_bias": {}, "response_format": {"type": "text"}}
         assert c.post("/v1/completions", json={**base, **neutral}).status_code == 200
+        for path in ("/v1/embeddings", "/embeddings", "/embedding"):  # llama.cpp: 501 without --embeddings
+            r = c.post(path, json={"model": MODEL, "input": "Hi"})
+            assert r.status_code == 501 and "embeddings" in r.json()["error"]["message"], (path, r.text)
         r = c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "logprobs": False,
                                                  "messages": [{"role": "user", "content": "Hi"}]})
         assert r.status_code == 200, r.text
