@@ -607,8 +607,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        with state.metrics.lock:
-            state.metrics.errors += 1
+        if exc.status != 499:  # a client that went away is counted as cancelled (_job), not as an error
+            with state.metrics.lock:
+                state.metrics.errors += 1
         return exc.response()
 
     @app.exception_handler(RequestValidationError)

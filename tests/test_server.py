@@ -237,6 +237,23 @@ def test_disconnect_mid_stream(server):
     assert _metric(server, "pyminfer_requests_processing") == 0
 
 
+def test_disconnect_mid_request_counts_as_cancelled_not_error(server):
+    """A non-streaming client that gives up: the generation is cancelled and counted once, as
+    cancelled (it also counted as an error before)."""
+    cancelled = _metric(server, "pyminfer_requests_cancelled_total")
+    errors = _metric(server, "pyminfer_request_errors_total")
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server + "/v1/completions", json=body, timeout=1.0)
+    deadline = time.time() + 60
+    while _metric(server, "pyminfer_requests_cancelled_total") <= cancelled:
+        assert time.time() < deadline, "the generation was not cancelled"
+        time.sleep(0.2)
+    r = httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0}, timeout=60)
+    assert r.status_code == 200
+    assert _metric(server, "pyminfer_request_errors_total") == errors
+
+
 def test_metrics(server):
     httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0}, timeout=60)
     text = httpx.get(server + "/metrics").text
