@@ -729,15 +729,12 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                            "(at least one position must stay free)", param="prompt",
                            code="context_length_exceeded")
 
-    def max_tokens(req: _GenRequest, llm: LLM, n_prompt: int, default: int | None) -> int:
+    def max_tokens(req: _GenRequest, default: int | None) -> int | None:
         """The request's token limit (max_tokens / n_predict), else ``default``; None means until
-        end of generation or a full context."""
+        end of generation or a full context (LLM.generate's own limit: it stopped one token short
+        when computed here as n_ctx - n_prompt)."""
         given, m = req.token_limit()
-        if not given:
-            m = default
-        # no limit: until the context is full, i.e. the last free position fed and one more sampled
-        # (what the generation loop itself allows: n_ctx - n_prompt + 1 tokens)
-        return llm.n_ctx - n_prompt + 1 if m is None else m
+        return m if given else default
 
     def completion_prompt(req: CompletionRequest, llm: LLM) -> list[int]:
         p = req.prompt
@@ -760,7 +757,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         llm = check_model(req)
         ids = completion_prompt(req, llm)
         params = _params(req)
-        n = max_tokens(req, llm, len(ids), 16)
+        n = max_tokens(req, 16)
         cid = f"cmpl-{uuid.uuid4().hex}"
 
         def piece(text: str, finish: str | None) -> dict[str, Any]:
@@ -804,7 +801,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             raise APIError(400, str(e), param=getattr(e, "param", "messages")) from None
         check_prompt(llm, ids)
         params = _params(req)
-        n = max_tokens(req, llm, len(ids), None)
+        n = max_tokens(req, None)
         cid = f"chatcmpl-{uuid.uuid4().hex}"
 
         def piece(d: dict[str, Any], finish: str | None, obj: str = "chat.completion.chunk") -> dict[str, Any]:
@@ -847,7 +844,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         llm = check_model(req)
         ids = completion_prompt(req, llm)
         params = _params(req)
-        n = max_tokens(req, llm, len(ids), None)
+        n = max_tokens(req, None)
 
         def final(res: GenerationResult, content: str) -> dict[str, Any]:
             return {"content": content, "id_slot": 0, "stop": True, "model": state.model_id,
@@ -884,7 +881,7 @@ def _include_usage(req: _GenRequest) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- running jobs
-def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n: int, cancel: threading.Event,
+def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n: int | None, cancel: threading.Event,
          emit: Callable[[Chunk], None] | None, cache: bool = True) -> GenerationResult | None:
     """Runs in the single worker thread: one generation, stopped early when ``cancel`` is set;
     ``cache``: the request's cache_prompt (LLM.generate's)."""
@@ -915,7 +912,7 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
 
 
 async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams,
-               n: int, cache: bool = True) -> GenerationResult:
+               n: int | None, cache: bool = True) -> GenerationResult:
     """A non-streaming generation; a client that goes away cancels it."""
     cancel = threading.Event()
     loop = asyncio.get_running_loop()
@@ -941,7 +938,7 @@ async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], p
     return res
 
 
-def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams, n: int,
+def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams, n: int | None,
          first: Callable[[], list[dict[str, Any]]], delta: Callable[[str], dict[str, Any]],
          final: Callable[[GenerationResult], dict[str, Any]], *,
          usage_piece: Callable[..., dict[str, Any]] | None = None, done_marker: bool = True,

@@ -215,6 +215,14 @@ def test_not_json_and_unknown_route(server):
     assert r.status_code == 404 and "error" in r.json()
 
 
+def _wait_cancelled(server, before: float) -> None:
+    """Until the server has counted a cancelled generation more than ``before`` (60 s at most)."""
+    deadline = time.time() + 60
+    while _metric(server, "pyminfer_requests_cancelled_total") <= before:
+        assert time.time() < deadline, "the generation was not cancelled"
+        time.sleep(0.2)
+
+
 def test_disconnect_mid_stream(server):
     before = _metric(server, "pyminfer_requests_cancelled_total")
     body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
@@ -227,11 +235,7 @@ def test_disconnect_mid_stream(server):
                 n += 1
                 if n == 2:
                     break
-    # the server stops that generation and serves the next request
-    deadline = time.time() + 60
-    while _metric(server, "pyminfer_requests_cancelled_total") <= before:
-        assert time.time() < deadline, "the generation was not cancelled"
-        time.sleep(0.2)
+    _wait_cancelled(server, before)  # the server stops that generation and serves the next request
     r = httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0}, timeout=60)
     assert r.status_code == 200
     assert _metric(server, "pyminfer_requests_processing") == 0
@@ -245,10 +249,7 @@ def test_disconnect_mid_request_counts_as_cancelled_not_error(server):
     body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(server + "/v1/completions", json=body, timeout=1.0)
-    deadline = time.time() + 60
-    while _metric(server, "pyminfer_requests_cancelled_total") <= cancelled:
-        assert time.time() < deadline, "the generation was not cancelled"
-        time.sleep(0.2)
+    _wait_cancelled(server, cancelled)
     r = httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0}, timeout=60)
     assert r.status_code == 200
     assert _metric(server, "pyminfer_request_errors_total") == errors
