@@ -801,6 +801,23 @@ def test_attention_switch_position_splits_a_batch(shape, graphs, monkeypatch):
     assert not np.array_equal(lb[2:], ln[2:])  # rows from it on: another summation order
 
 
+@pytest.mark.parametrize("shape", ["g2_hd64", "g6_hd128", "g7_hd64", "g8_hd128", "kv8_hd128", "per_head_g16"])
+@pytest.mark.parametrize("P,splits,n_batch", [(300, None, 6), (511, "4", 6), (2100, None, 5)])
+def test_attention_row_pairs_bitwise(shape, P, splits, n_batch, monkeypatch):
+    """The tensor-core kernel serves two batch rows a block (MI_CUDA_ATTN_PAIR, default on; <= 8
+    query heads a KV head) where their splits start at the same slot: the same bits as a block per
+    row (=0), and the batch equals its single forwards and the CPU. 511 with 4 splits: rows 511 and
+    512 take splits of 128 and 256 slots (only split 0 is shared); 5 rows: a last row alone;
+    per_head_g16 (16 query heads a KV head) never pairs."""
+    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1")
+    if splits:
+        monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
+    model, prompt, batch = attn_case(shape, 19, P, P, n_batch=n_batch)
+    lp = check_batch_rows(model, prompt, batch)
+    (ln, _), = batch_under_env(monkeypatch, "MI_CUDA_ATTN_PAIR", ("0",), model, prompt, batch)
+    assert np.array_equal(lp, ln)
+
+
 @pytest.mark.parametrize("shape", ["g2_hd64", "g4_hd128", "g6_hd128", "g7_hd64", "g8_hd64", "g5_hd128", "g7_hd128",
                                    "g8_hd128"])
 def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
@@ -816,6 +833,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
+                                     ("MI_CUDA_ATTN_PAIR", "2"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),

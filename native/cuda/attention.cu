@@ -302,8 +302,9 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
     if (wi < G) mi_attn_merge<DPL>(part, t, h0 + wi, n_head, n_used, att, xq, lane);
 }
 
-// Tensor-core variant (MI_CUDA_ATTN_MMA=1): block = (KV head g, row t, split s), four warps; the
-// G <= 16 query heads of KV head g are the M rows of mma.m16n8k16 (rows >= G are zero), so each
+// Tensor-core variant (MI_CUDA_ATTN_MMA=1): block = (KV head g, row t, split s), 8 or 4 warps (or, G
+// <= 8, a pair of rows: mi_attn_mma_kernel); the G <= 16 query heads of KV head g are the M rows
+// of mma.m16n8k16 (rows >= G are zero, or the second row's heads), so each
 // K/V row is read once per block instead of once per query head, and q.K and P.V are summed over
 // d and over slots by the tensor cores instead of by shuffles and FMA chains. The operands are f16:
 // K and V are f16 already; q (f32) and P (f32 in [0, 1], times 2^12) are each split into hi = f16(x)
@@ -508,77 +509,163 @@ __device__ __forceinline__ void mi_attn_mma_stash(const float (&o)[HD / 8][4], c
     }
 }
 
+// mi_attn_mma_stash for one half of the fragment rows only (gid + 8 * half), stored at row gid:
+// where the two halves hold two batch rows (mi_attn_mma_kernel's pairs). Half 0 stores what
+// mi_attn_mma_stash<NW, 8, HD> stores.
+template <int NW, int R, int HD>
+__device__ __forceinline__ void mi_attn_mma_stash_half(const float (&o)[HD / 8][4], const float (&m)[2], const float (&l)[2],
+                                                       int half, int warp, int gid, int tig, float (&sm_m)[NW][R],
+                                                       float (&sm_l)[NW][R], float (&sm_acc)[NW][R][HD + 4]) {
+    constexpr int NV = HD / 64;
+    float lq[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lq[r] = __fadd_rn(l[r], __shfl_xor_sync(MI_FULL_MASK, l[r], 1));
+        lq[r] = __fadd_rn(lq[r], __shfl_xor_sync(MI_FULL_MASK, lq[r], 2));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (r != half) continue;
+        if (tig == 0) {
+            sm_m[warp][gid] = m[r];
+            sm_l[warp][gid] = lq[r];
+        }
+#pragma unroll
+        for (int mm = 0; mm < NV; mm++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    sm_acc[warp][gid][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e] * (1.0f / 4096.0f);
+    }
+}
+
+// pair (R == 8 only: G <= 8 query heads fill fragment rows 0..7, so rows 8..15 are free): block y
+// serves batch rows 2y and 2y + 1, and where both take split s from the same first slot (the same
+// split size: the rows of a verify batch, but across a split-size step every max_splits tiles) one
+// pass over the split's K / V serves both, row 2y + 1's query heads as fragment rows 8..15: half
+// the blocks, each K / V row read once for two batch rows (1.5B shape, nt = 8: 2.467 -> 2.284 ms a
+// forward at 4,096, 3.280 -> 2.801 at 16,384; nt = 1 unchanged: docs/perf.md, session 19). A
+// row's bits do not change: its fragment rows see the same tiles in the same order (the other
+// row's slots past its own end are masked: exp gives exact zeros, the running max, sum and output
+// stay bit for bit; a warp that has no slot of a row keeps it empty, as a warp with no tile would:
+// EMPTY_ROWS), and an MMA output element depends on its own A row only (tests: row pairs against
+// a block per row and against single-row forwards, bitwise). Otherwise (different first slots, a
+// row outside [lo, hi) or past its splits) each active row gets a pass of its own.
 template <int DPL, int NW, int R>
 __global__ void __launch_bounds__(NW * 32)
     mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
-                       const int32_t *__restrict__ pos, int n_head, int n_head_kv, float scale, int max_splits,
+                       const int32_t *__restrict__ pos, int nt, int n_head, int n_head_kv, float scale, int max_splits,
                        float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                       mi_block_q8a *__restrict__ xq, int lo, int hi, int combine_from) {
+                       mi_block_q8a *__restrict__ xq, int lo, int hi, int combine_from, int pair) {
     constexpr int HD = DPL * 32, KS = HD / 16, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, NTH = NW * 32;
-    const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int g = blockIdx.x, s = blockIdx.z;
+    // The block's rows (-1: none).
+    const int tr[2] = {pair ? 2 * (int)blockIdx.y : (int)blockIdx.y,
+                       pair && 2 * (int)blockIdx.y + 1 < nt ? 2 * (int)blockIdx.y + 1 : -1};
     const int G = n_head / n_head_kv, h0 = g * G, kvd = n_head_kv * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-    int k0, k1, n_used;
-    if (!mi_attn_split_begin<HD>(kc, vc, pos, t, s, g, kvd, TILE, max_splits, lo, hi, NTH, k0, k1, n_used)) return;
-    // Q's A fragments: rows gid / gid + 8 are query heads h0 + row (zero beyond G).
-    uint32_t qa[KS][4], ql[KS][4];
-    {
-        const float *qrow[2];
+    // Each row's split s: slots [k0, k1) of n_used splits (mi_attn_split_size over its own pos).
+    int k0[2] = {0, 0}, k1[2] = {0, 0}, nu[2] = {0, 0};
+    bool act[2] = {false, false};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int t = tr[r];
+        if (t < 0) continue;
+        int S;
+        mi_attn_split_size(pos[t] + 1, TILE, max_splits, S, nu[r]);
+        k0[r] = s * S;
+        k1[r] = min(pos[t] + 1, k0[r] + S);
+        act[r] = pos[t] >= lo && pos[t] < hi && s < nu[r];
+    }
+    const bool together = R == 8 && act[0] && act[1] && k0[0] == k0[1];
+    // Older slots are constants by now (slot pos[t] may still be in flight): hint them into L2
+    // before the PDL wait, then wait (every block must: common.cuh).
+    if (together) mi_attn_prefetch<HD>(kc, vc, k0[0], max(k1[0], k1[1]), kvd, g, NTH);
+    else
 #pragma unroll
         for (int r = 0; r < 2; r++)
-            qrow[r] = gid + 8 * r < G ? q + ((int64_t)t * n_head + h0 + gid + 8 * r) * HD : nullptr;
-        mi_attn_q_frags<HD>(qrow, tig, qa, ql);
-    }
-    float o[ND][4];
-#pragma unroll
-    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // rows gid, gid + 8; l: this lane's columns
-    const int bound[2] = {k1, k1};                              // every row sees this split's slots
-    for (int j0 = k0 + warp * MI_ATTN_MMA_TILE; j0 < k1; j0 += TILE)
-        mi_attn_mma_tile<HD, false>(qa, ql, kc + g * HD, vc + g * HD, kvd, j0, k1, bound, scale, gid, tig, o, m, l);
-    // Warps -> this split's partial per query head, as mi_attn_kernel: e_w = exp(m_w - M), then
-    // the warps summed in order.
+            if (act[r]) mi_attn_prefetch<HD>(kc, vc, k0[r], k1[r], kvd, g, NTH);
+    mi_pdl_wait();
+    mi_pdl_trigger();
     __shared__ float sm_m[NW][R], sm_l[NW][R], sm_e[NW][R], sm_M[R];
     __shared__ float sm_acc[NW][R][HD + 4]; // + 4: the fragment stores hit 16 banks, not 2
-    mi_attn_mma_stash<NW, R, HD>(o, m, l, warp, gid, tig, sm_m, sm_l, sm_acc);
-    __syncthreads();
-    if (threadIdx.x < NW * R) {
-        const int hh = threadIdx.x / NW, w = threadIdx.x % NW;
-        float M = -INFINITY;
+    __shared__ int last;
+    for (int pass = 0; pass < 2; pass++) { // pass 0: row 0 (+ row 1 together); pass 1: row 1 alone
+        if (!(pass == 0 ? act[0] : act[1] && !together)) continue; // the same for the whole block
+        const int ta = pass ? tr[1] : tr[0], tb = pass == 0 && together ? tr[1] : -1;
+        const int kp0 = pass ? k0[1] : k0[0], kp1 = pass ? k1[1] : k1[0]; // selects: no local-memory arrays
+        const int bound[2] = {kp1, tb >= 0 ? k1[1] : kp1};
+        const int kmax = max(bound[0], bound[1]);
+        // Q's A fragments: rows gid are query heads h0 + gid of row ta; rows gid + 8 are heads
+        // h0 + 8 + gid of row ta (R == 16) or h0 + gid of row tb (a pair); zero beyond G.
+        uint32_t qa[KS][4], ql[KS][4];
+        {
+            const float *qrow[2];
+            qrow[0] = gid < G ? q + ((int64_t)ta * n_head + h0 + gid) * HD : nullptr;
+            qrow[1] = R == 16 ? (gid + 8 < G ? q + ((int64_t)ta * n_head + h0 + gid + 8) * HD : nullptr)
+                              : (tb >= 0 && gid < G ? q + ((int64_t)tb * n_head + h0 + gid) * HD : nullptr);
+            mi_attn_q_frags<HD>(qrow, tig, qa, ql);
+        }
+        float o[ND][4];
 #pragma unroll
-        for (int v = 0; v < NW; v++) M = fmaxf(M, sm_m[v][hh]);
-        sm_e[w][hh] = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - M); // a warp with no slot adds 0
-        if (w == 0) sm_M[hh] = M;
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < G * HD; idx += NTH) {
-        const int hh = idx / HD, dd = idx % HD;
-        float a = 0.0f;
+        for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // rows gid, gid + 8; l: this lane's columns
+        for (int j0 = kp0 + warp * MI_ATTN_MMA_TILE; j0 < kmax; j0 += TILE)
+            mi_attn_mma_tile<HD, true>(qa, ql, kc + g * HD, vc + g * HD, kvd, j0, kmax, bound, scale, gid, tig, o, m, l);
+        // Warps -> this split's partial per query head and row, as mi_attn_kernel: e_w = exp(m_w -
+        // M), then the warps summed in order.
+        for (int hf = 0; hf < (tb >= 0 ? 2 : 1); hf++) {
+            const int t = hf ? tb : ta;
+            if (R == 16) mi_attn_mma_stash<NW, R, HD>(o, m, l, warp, gid, tig, sm_m, sm_l, sm_acc);
+            else mi_attn_mma_stash_half<NW, R, HD>(o, m, l, hf, warp, gid, tig, sm_m, sm_l, sm_acc);
+            __syncthreads();
+            if (threadIdx.x < NW * R) {
+                const int hh = threadIdx.x / NW, w = threadIdx.x % NW;
+                float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < NW; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][hh][dd], sm_e[w][hh]));
-        float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
-        out[2 + dd] = a;
-        if (dd == 0) {
-            float L = 0.0f;
+                for (int v = 0; v < NW; v++) M = fmaxf(M, sm_m[v][hh]);
+                sm_e[w][hh] = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - M); // a warp with no slot adds 0
+                if (w == 0) sm_M[hh] = M;
+            }
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < G * HD; idx += NTH) {
+                const int hh = idx / HD, dd = idx % HD;
+                float a = 0.0f;
 #pragma unroll
-            for (int w = 0; w < NW; w++) L = __fadd_rn(L, __fmul_rn(sm_l[w][hh], sm_e[w][hh]));
-            out[0] = sm_M[hh];
-            out[1] = L;
+                for (int w = 0; w < NW; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][hh][dd], sm_e[w][hh]));
+                float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
+                out[2 + dd] = a;
+                if (dd == 0) {
+                    float L = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < NW; w++) L = __fadd_rn(L, __fmul_rn(sm_l[w][hh], sm_e[w][hh]));
+                    out[0] = sm_M[hh];
+                    out[1] = L;
+                }
+            }
+            __syncthreads(); // the shared arrays are refilled by the next half or pass
         }
     }
-    if (n_used >= combine_from) return; // mi_attn_combine_kernel merges, in a launch of its own
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t *c = cnt + (int64_t)t * n_head + g;
-        last = atomicAdd(c, 1) == n_used - 1;
-        if (last) *c = 0;
+    // Each row this block wrote a partial of: the last of its splits to finish merges them (rows of
+    // >= combine_from splits: mi_attn_combine_kernel, in a launch of its own).
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (!act[r] || nu[r] >= combine_from) continue;
+        const int t = tr[r];
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int32_t *c = cnt + (int64_t)t * n_head + g;
+            last = atomicAdd(c, 1) == nu[r] - 1;
+            if (last) *c = 0;
+        }
+        __syncthreads();
+        if (!last) continue;
+        __threadfence();
+        for (int hh = warp; hh < G; hh += NW) mi_attn_merge<DPL, 16>(part, t, h0 + hh, n_head, nu[r], att, xq, lane);
+        __syncthreads(); // `last` is set again for the next row
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int hh = warp; hh < G; hh += NW) mi_attn_merge<DPL, 16>(part, t, h0 + hh, n_head, n_used, att, xq, lane);
 }
 
 // Prefill attention on the tensor cores (forwards of nt >= MI_MMQ_MIN_NT rows: prompt chunks, whose
@@ -723,7 +810,7 @@ struct mi_attn_args {
     const int32_t *pos;
     int nt, n_head, n_head_kv;
     float scale;
-    int max_splits, group, lo, hi, combine_from;
+    int max_splits, group, lo, hi, combine_from, pair;
     float *part;
     int32_t *cnt;
     float *att;
@@ -743,13 +830,16 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
     if constexpr (DPL == 2 || DPL == 4) {
         if (a.group == 2) { // tensor cores: 8 warps a block for G <= 8 (the 1.5B at 16k: 1.335 vs 1.490 ms
                             // with 4; docs/perf.md, session 7), else 4 warps and 16 merge rows
-            const dim3 grid(a.n_head_kv, a.nt, a.max_splits);
             const int nw = mi_attn_mma_warps(a.n_head / a.n_head_kv);
+            const int pair = a.pair && nw == 8 && a.nt > 1; // G <= 8: fragment rows 8..15 take a second row
+            const dim3 grid(a.n_head_kv, pair ? (a.nt + 1) / 2 : a.nt, a.max_splits);
             const cudaError_t e =
-                nw == 8 ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.n_head,
-                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from)
-                        : mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.n_head,
-                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from);
+                nw == 8 ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.nt, a.n_head,
+                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
+                                 pair)
+                        : mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.nt, a.n_head,
+                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
+                                 0);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
             return mi_launch(mi_attn_combine_kernel<DPL * 32>, dim3(a.n_head, a.nt), 4 * DPL * 32, s, a.part, a.pos,
                              a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
@@ -794,7 +884,8 @@ bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd) {
 
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
-                      int combine_from, float *part, int32_t *cnt, float *att, mi_block_q8a *xq, cudaStream_t s) {
+                      int combine_from, int pair, float *part, int32_t *cnt, float *att, mi_block_q8a *xq,
+                      cudaStream_t s) {
     if (n_head_kv < 1 || n_head % n_head_kv)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
     if (hd % 32 || hd < 32 || hd > 256)
@@ -805,7 +896,7 @@ int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cac
         return mi_set_error(MI_ERR_ARG, "CUDA attention: no tensor-core kernel for head_dim %d, %d query heads per KV head",
                             hd, n_head / n_head_kv);
     const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, max_splits, group, lo, hi,
-                            combine_from, part, cnt, att, xq};
+                            combine_from, pair, part, cnt, att, xq};
     cudaError_t e = cudaSuccess;
     switch (hd / 32) {
     case 1: e = mi_attn_launch_g<1>(a, s); break;
