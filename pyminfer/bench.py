@@ -5,7 +5,8 @@ pp: one prefill of n_prompt tokens (chunked to max_nt) from an empty cache, toke
 tg: n_gen single-token forwards with on-device argmax after ``--depth`` context tokens, tokens/s.
 Both: mean ± stddev over -r repetitions (one warm-up first). Roofline share for tg: weight bytes
 read per token (every tensor, one embedding row) / measured copy bandwidth.
-Verify curve: C_T(nt) = median time of one nt-token forward, relative to nt = 1.
+Verify curve: C_T(nt) = median time of one nt-token forward after ``--depth`` context tokens (default
+256), relative to nt = 1.
 Spec cost model (seeds' D5-0, corrected): a round at depth d costs C_T(d+1) + d*C_D(1) and yields
 1 + E[accepted] tokens; predicted tok/s = tokens_per_round / round cost.
 """
@@ -86,9 +87,11 @@ def bench_tg(m: Model, n: int, reps: int, depth: int = 0) -> list[float]:
 
 
 VERIFY_CURVE_NT = 16  # --verify-curve measures forwards of 1..16 tokens
+VERIFY_CURVE_DEPTH = 256  # ... after this many context tokens, unless -d gives another depth
 
 
-def verify_curve(m: Model, max_nt: int = VERIFY_CURVE_NT, reps: int = 20, depth: int = 256) -> dict[int, float]:
+def verify_curve(m: Model, max_nt: int = VERIFY_CURVE_NT, reps: int = 20,
+                 depth: int = VERIFY_CURVE_DEPTH) -> dict[int, float]:
     """Median seconds of one nt-token forward (argmax of every row) at context depth ``depth``."""
     rng = np.random.default_rng(2)
     m.prefill(rng.integers(100, m.n_vocab - 100, depth).tolist(), 0, logits=False)
@@ -158,7 +161,8 @@ def main_bench(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     # pp: the prompt in forwards of -ub rows, by default one of up to 512 (llama-bench's n_ubatch)
     max_nt = args.ubatch_size or max(64, min(args.n_prompt, 512))
-    need = max(args.n_prompt, args.depth + args.n_gen, 256 + 16 if args.verify_curve else 0) + 16
+    curve_depth = args.depth or VERIFY_CURVE_DEPTH  # -d moves the curve (a verify batch at long context)
+    need = max(args.n_prompt, args.depth + args.n_gen, curve_depth + VERIFY_CURVE_NT if args.verify_curve else 0) + 16
     if need > INT_MAX:  # the core's n_ctx is a C int
         raise ValueError(f"-p/-n/-d: these tests need {need} context positions, more than the core's {INT_MAX}")
     if args.ctx_size is not None and args.ctx_size < need:
@@ -175,8 +179,9 @@ def main_bench(args: argparse.Namespace) -> int:
         _emit([{**info, **r} for r in rows], args.output)
         return 0
     if args.verify_curve:
-        c = verify_curve(m, 16)
-        _emit([{**info, "nt": nt, "ms": v * 1e3, "C_T(nt)/C_T(1)": v / c[1]} for nt, v in c.items()], args.output)
+        c = verify_curve(m, VERIFY_CURVE_NT, depth=curve_depth)
+        _emit([{**info, "depth": curve_depth, "nt": nt, "ms": v * 1e3, "C_T(nt)/C_T(1)": v / c[1]}
+               for nt, v in c.items()], args.output)
         return 0
     rows = []
     if args.n_prompt > 0:

@@ -387,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", default="md", choices=["md", "json", "csv"])
     b.add_argument("-d", "--n-depth", "--depth", dest="depth", type=int, default=0,
                    help="context depth before the tg test, in tokens (llama-bench's -d)")
-    b.add_argument("--verify-curve", action="store_true", help="print C_T(nt)/C_T(1) for nt = 1..16")
+    b.add_argument("--verify-curve", action="store_true",
+                   help="print C_T(nt)/C_T(1) for nt = 1..16, after -d context tokens (default 256)")
     _add_spec_args(b)
     b.set_defaults(func=cmd_bench)
 

@@ -56,6 +56,16 @@ def test_verify_curve(smol_path):
     assert "warning: -p ignored with --verify-curve" in warned.stderr
     assert rows[0]["C_T(nt)/C_T(1)"] == 1.0
     assert all(r["ms"] > 0 and math.isfinite(r["C_T(nt)/C_T(1)"]) for r in rows)
+    assert {r["depth"] for r in rows} == {256}
+
+
+def test_verify_curve_at_depth(smol_path):
+    """-d moves the curve: the forwards follow that many context tokens (a verify batch at long
+    context), and -c must hold them."""
+    rows = json.loads(bench("-m", str(smol_path), "--verify-curve", "-d", "300", "-o", "json").stdout)
+    assert {r["depth"] for r in rows} == {300} and [r["nt"] for r in rows] == list(range(1, 17))
+    small = bench("-m", str(smol_path), "--verify-curve", "-d", "300", "-c", "300", ok=False)
+    assert small.returncode != 0 and "-c 300 is too small" in small.stderr
 
 
 def test_spec_draft(smol_path):
