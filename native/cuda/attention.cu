@@ -165,20 +165,26 @@ __device__ __forceinline__ void mi_attn_prefetch(const __half *kc, const __half 
 // Returns false, after the wait (every block must wait: common.cuh), where the whole block has
 // nothing to do: a row left to the other attention call (pos[t] outside [lo, hi)) or a split past
 // n_used (the same for all its threads).
-template <int HD>
-__device__ __forceinline__ bool mi_attn_split_begin(const __half *kc, const __half *vc, const int32_t *pos, int t,
-                                                    int s, int g, int kvd, int tile, int max_splits, int lo, int hi,
-                                                    int nthreads, int &k0, int &k1, int &n_used) {
+// mi_attn_split_range: the split arithmetic alone (no prefetch, no wait), for a kernel that serves
+// more than one row a block (mi_attn_mma_kernel's pairs). True where this block has work for row t.
+__device__ __forceinline__ bool mi_attn_split_range(const int32_t *pos, int t, int s, int tile, int max_splits, int lo,
+                                                    int hi, int &k0, int &k1, int &n_used) {
     const int n_kv = pos[t] + 1;
-    const bool mine = pos[t] >= lo && pos[t] < hi;
     int S;
     mi_attn_split_size(n_kv, tile, max_splits, S, n_used);
     k0 = s * S;
     k1 = min(n_kv, k0 + S);
-    if (mine && s < n_used) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, nthreads);
+    return pos[t] >= lo && pos[t] < hi && s < n_used;
+}
+template <int HD>
+__device__ __forceinline__ bool mi_attn_split_begin(const __half *kc, const __half *vc, const int32_t *pos, int t,
+                                                    int s, int g, int kvd, int tile, int max_splits, int lo, int hi,
+                                                    int nthreads, int &k0, int &k1, int &n_used) {
+    const bool work = mi_attn_split_range(pos, t, s, tile, max_splits, lo, hi, k0, k1, n_used);
+    if (work) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, nthreads);
     mi_pdl_wait();
     mi_pdl_trigger();
-    return mine && s < n_used;
+    return work;
 }
 
 // Merge the n_used split partials [M, L, acc[HD]] of query head h, row t (one warp) into att and
@@ -480,11 +486,13 @@ __device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4
 // A warp's running max m, sum l (summed over its quad first: each lane held its columns' share)
 // and accumulator o for fragment rows gid and gid + 8 into the block merge's shared arrays; rows >= R
 // (no query head there; R is 8 or 16) are skipped, after the full-mask shuffles every lane runs.
-// o is stored scaled by 2^-12, as the merge expects.
+// o is stored scaled by 2^-12, as the merge expects. half >= 0: only fragment rows gid + 8 half,
+// stored at row gid (the two halves hold two batch rows: mi_attn_mma_kernel's pairs; half 0 is what
+// R = 8 stores anyway).
 template <int NW, int R, int HD>
 __device__ __forceinline__ void mi_attn_mma_stash(const float (&o)[HD / 8][4], const float (&m)[2], const float (&l)[2],
                                                   int warp, int gid, int tig, float (&sm_m)[NW][R], float (&sm_l)[NW][R],
-                                                  float (&sm_acc)[NW][R][HD + 4]) {
+                                                  float (&sm_acc)[NW][R][HD + 4], int half = -1) {
     constexpr int NV = HD / 64;
     float lq[2];
 #pragma unroll
@@ -494,10 +502,11 @@ __device__ __forceinline__ void mi_attn_mma_stash(const float (&o)[HD / 8][4], c
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        if (gid + 8 * r >= R) continue;
+        const int row = half < 0 ? gid + 8 * r : gid;
+        if (half < 0 ? row >= R : r != half) continue;
         if (tig == 0) {
-            sm_m[warp][gid + 8 * r] = m[r];
-            sm_l[warp][gid + 8 * r] = lq[r];
+            sm_m[warp][row] = m[r];
+            sm_l[warp][row] = lq[r];
         }
 #pragma unroll
         for (int mm = 0; mm < NV; mm++)
@@ -505,38 +514,7 @@ __device__ __forceinline__ void mi_attn_mma_stash(const float (&o)[HD / 8][4], c
             for (int i = 0; i < 8; i++)
 #pragma unroll
                 for (int e = 0; e < 2; e++)
-                    sm_acc[warp][gid + 8 * r][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e] * (1.0f / 4096.0f);
-    }
-}
-
-// mi_attn_mma_stash for one half of the fragment rows only (gid + 8 * half), stored at row gid:
-// where the two halves hold two batch rows (mi_attn_mma_kernel's pairs). Half 0 stores what
-// mi_attn_mma_stash<NW, 8, HD> stores.
-template <int NW, int R, int HD>
-__device__ __forceinline__ void mi_attn_mma_stash_half(const float (&o)[HD / 8][4], const float (&m)[2], const float (&l)[2],
-                                                       int half, int warp, int gid, int tig, float (&sm_m)[NW][R],
-                                                       float (&sm_l)[NW][R], float (&sm_acc)[NW][R][HD + 4]) {
-    constexpr int NV = HD / 64;
-    float lq[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        lq[r] = __fadd_rn(l[r], __shfl_xor_sync(MI_FULL_MASK, l[r], 1));
-        lq[r] = __fadd_rn(lq[r], __shfl_xor_sync(MI_FULL_MASK, lq[r], 2));
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (r != half) continue;
-        if (tig == 0) {
-            sm_m[warp][gid] = m[r];
-            sm_l[warp][gid] = lq[r];
-        }
-#pragma unroll
-        for (int mm = 0; mm < NV; mm++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    sm_acc[warp][gid][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e] * (1.0f / 4096.0f);
+                    sm_acc[warp][row][64 * mm + 8 * (2 * tig + e) + i] = o[8 * mm + i][2 * r + e] * (1.0f / 4096.0f);
     }
 }
 
@@ -569,15 +547,8 @@ __global__ void __launch_bounds__(NW * 32)
     int k0[2] = {0, 0}, k1[2] = {0, 0}, nu[2] = {0, 0};
     bool act[2] = {false, false};
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int t = tr[r];
-        if (t < 0) continue;
-        int S;
-        mi_attn_split_size(pos[t] + 1, TILE, max_splits, S, nu[r]);
-        k0[r] = s * S;
-        k1[r] = min(pos[t] + 1, k0[r] + S);
-        act[r] = pos[t] >= lo && pos[t] < hi && s < nu[r];
-    }
+    for (int r = 0; r < 2; r++)
+        if (tr[r] >= 0) act[r] = mi_attn_split_range(pos, tr[r], s, TILE, max_splits, lo, hi, k0[r], k1[r], nu[r]);
     const bool together = R == 8 && act[0] && act[1] && k0[0] == k0[1];
     // Older slots are constants by now (slot pos[t] may still be in flight): hint them into L2
     // before the PDL wait, then wait (every block must: common.cuh).
@@ -617,8 +588,7 @@ __global__ void __launch_bounds__(NW * 32)
         // M), then the warps summed in order.
         for (int hf = 0; hf < (tb >= 0 ? 2 : 1); hf++) {
             const int t = hf ? tb : ta;
-            if (R == 16) mi_attn_mma_stash<NW, R, HD>(o, m, l, warp, gid, tig, sm_m, sm_l, sm_acc);
-            else mi_attn_mma_stash_half<NW, R, HD>(o, m, l, hf, warp, gid, tig, sm_m, sm_l, sm_acc);
+            mi_attn_mma_stash<NW, R, HD>(o, m, l, warp, gid, tig, sm_m, sm_l, sm_acc, R == 16 ? -1 : hf);
             __syncthreads();
             if (threadIdx.x < NW * R) {
                 const int hh = threadIdx.x / NW, w = threadIdx.x % NW;
