@@ -347,8 +347,8 @@ def test_unsupported_openai_fields_are_refused_not_ignored():
     base = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
     with _serving(state, 60) as c:
         # logprobs 0 asks for the sampled token's log-probability (OpenAI's legacy completions)
-        for extra in ({"logprobs": 2}, {"logprobs": 0}, {"echo": True}, {"frequency_penalty": 0.5}, {"presence_penalty": -1},
-                      {"best_of": 3}, {"logit_bias": {"10": 5}}):
+        for extra in ({"logprobs": 2}, {"logprobs": 0}, {"echo": True}, {"frequency_penalty": 0.5},
+                      {"presence_penalty": -1}, {"best_of": 3}, {"logit_bias": {"10": 5}}):
             r = c.post("/v1/completions", json={**base, **extra})
             assert r.status_code == 400 and next(iter(extra)) in r.json()["error"]["message"], (extra, r.text)
         r = c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
