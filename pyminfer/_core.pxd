@@ -25,6 +25,7 @@ cdef extern from "pyminfer.h" nogil:
     const char *mi_last_error()
     int mi_cuda_available()
     const char *mi_cuda_device_name()
+    int32_t mi_cuda_compute_capability()
     double mi_cuda_copy_bandwidth()
     int mi_ctx_create(const mi_model_desc *desc, int32_t n_ctx, int32_t max_nt, int32_t n_threads, int32_t device,
                       mi_ctx **out)
@@ -43,6 +44,7 @@ cdef extern from "pyminfer.h" nogil:
                        const float *bias, int32_t accumulate, float *y)
     uint64_t mi_cuda_mmq_wide_launches()
     uint64_t mi_cuda_mmvq_mma_launches()
+    uint64_t mi_cuda_mmvq_mma_split_launches()
     int mi_cuda_op_attention_prefill(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *pos,
                                      int32_t nt, int32_t n_kv, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                                      float scale, float *out)

@@ -85,6 +85,12 @@ def cuda_device_name() -> str:
     return mi_cuda_device_name().decode()
 
 
+def cuda_compute_capability() -> int:
+    """Compute capability of CUDA device 0 as 10 * major + minor (90 for an H100 / H200), 0 when
+    there is no GPU or no CUDA backend."""
+    return mi_cuda_compute_capability()
+
+
 def mmq_wide_launches() -> int:
     """GEMM launches that took the 128-row activation tiles (native/cuda/mmq.cu, MI_CUDA_MMQ_BN)
     in this process so far; 0 without CUDA. For tests: which kernel ran."""
@@ -95,6 +101,12 @@ def mmvq_mma_launches() -> int:
     """Mat-vec launches that took the tensor-core verify kernel (native/cuda/mmvq_mma.cu,
     MI_CUDA_MMVQ_MMA) in this process so far, graph replays not counted; 0 without CUDA. For tests."""
     return mi_cuda_mmvq_mma_launches()
+
+
+def mmvq_mma_split_launches() -> int:
+    """Of mmvq_mma_launches, those split over a thread block cluster a 16-row tile (sm_90+,
+    MI_CUDA_MMVQ_MMA_SPLIT); 0 without CUDA. For tests: which launch shape ran."""
+    return mi_cuda_mmvq_mma_split_launches()
 
 
 def cuda_copy_bandwidth() -> float:

@@ -128,6 +128,62 @@ def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, monkeypatch):
     assert core.mmvq_mma_launches() == n0 + 7
 
 
+@pytest.mark.parametrize("split", ["0", "1", "2", None])
+@pytest.mark.parametrize("n_rows,n_cols", MMA_SHAPES)
+def test_mmvq_mma_launch_shapes_bitwise(n_rows, n_cols, split, monkeypatch):
+    """The tensor-core verify kernel's launch shapes (MI_CUDA_MMVQ_MMA_SPLIT 0: a 16-row tile's
+    slot groups in one block; 1 / 2 (default, None): one block a group in a thread block cluster
+    whose rank 0 adds them in order) give the nt = 1 dp4a rows' bits; the split launch counter
+    proves a cluster ran exactly where the nt = 1 kernel has more than 32 threads a row (tpr 64 /
+    128: 112 / 280 chunks, block kernel) on an sm_90+ GPU."""
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "2")
+    rng = np.random.default_rng(n_rows + n_cols + 7)
+    w = bg.random_weights(rng, bg.Q4_K, n_rows, n_cols)
+    x = rng.standard_normal((8, n_cols)).astype(np.float32)
+    ones = np.concatenate([matmul(1, bg.Q4_K, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])
+    if split is not None:
+        monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT", split)
+    n0, s0 = core.mmvq_mma_launches(), core.mmvq_mma_split_launches()
+    for nt in (2, 7, 8):
+        assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:nt]), ones[:nt]), nt
+    assert core.mmvq_mma_launches() == n0 + 3
+    clusters = split != "0" and n_cols // 32 > 64 and n_rows < 4096 and core.cuda_compute_capability() >= 90
+    assert core.mmvq_mma_split_launches() == s0 + (3 if clusters else 0)
+
+
+@pytest.mark.parametrize("split", ["0", "1", "2"])
+def test_mmvq_mma_split_forward_rows_bitwise(split, monkeypatch):
+    """Whole forwards of a model wide enough for the cluster launches (n_embd 2,304: o and gate / up
+    at 72 chunks a row, tpr 64; n_ff 4,352: down at 136, tpr 128): nt = 7 and 8 rows give the
+    single-token forward's bits under each MI_CUDA_MMVQ_MMA_SPLIT (1 also splits gate / up with
+    SwiGLU); capturing the graphs launched clusters where the mode asks for them (sm_90+)."""
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "7")
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT", split)
+    shape = dict(n_layer=2, n_embd=2304, n_ff=4352, n_head=36, n_head_kv=4, head_dim=64, n_vocab=1000)
+    model = small_model(6, types=bg.qwen_types(2), **shape)
+    V = shape["n_vocab"]
+    rng = np.random.default_rng(int(split) + 60)
+    prefix, batch = list(rng.integers(0, V, 5)), list(rng.integers(0, V, 8))
+    n0, s0 = core.mmvq_mma_launches(), core.mmvq_mma_split_launches()
+    a = make_ctx(model, 1)
+    # Each captured forward of >= 7 rows takes the tensor-core kernel 5 times (o and gate / up in
+    # both layers, down in layer 1; layer 0's down is q6_K): o and down split under 1 and 2, gate /
+    # up under 1 only.
+    n_fwd, rem = divmod(core.mmvq_mma_launches() - n0, 5)
+    assert n_fwd >= 3 and rem == 0  # nt = 7, 8 and 9 (groups of 8 + 1), in each attention regime
+    clusters = {"0": 0, "1": 5, "2": 3}[split] if core.cuda_compute_capability() >= 90 else 0
+    assert core.mmvq_mma_split_launches() - s0 == n_fwd * clusters
+    run(a, prefix, range(5), V, out_rows=[])
+    b = make_ctx(model, 1)
+    run(b, prefix, range(5), V, out_rows=[])
+    rows = [run(b, [t], [5 + i], V) for i, t in enumerate(batch)]
+    for nt in (7, 8):
+        la, aa = run(a, batch[:nt], range(5, 5 + nt), V)
+        assert np.std(la) > 0.1
+        assert np.array_equal(la, np.concatenate([r[0] for r in rows[:nt]])), nt
+        assert np.array_equal(aa, np.concatenate([r[1] for r in rows[:nt]])), nt
+
+
 @pytest.mark.parametrize("nt", [2, 5, 8, 9])
 def test_mmvq_mma_forward_rows_bitwise(nt, monkeypatch):
     """Whole forwards with the tensor-core verify kernel (q4_K o with the residual, gate/up with
@@ -839,7 +895,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
                                      ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256"),
                                      ("MI_CUDA_MMQ_FILL", "2"), ("MI_CUDA_MMQ_FILL", "on"),
-                                     ("MI_CUDA_MMVQ_MMA", "1"), ("MI_CUDA_MMVQ_MMA", "9"), ("MI_CUDA_MMVQ_MMA", "2x")])
+                                     ("MI_CUDA_MMVQ_MMA", "1"), ("MI_CUDA_MMVQ_MMA", "9"), ("MI_CUDA_MMVQ_MMA", "2x"),
+                                     ("MI_CUDA_MMVQ_MMA_SPLIT", "3"), ("MI_CUDA_MMVQ_MMA_SPLIT", "")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -67,6 +67,7 @@ int mi_type_supported(int32_t t) { return mi_type_block_bytes(t) != 0; }
 #ifndef MI_HAS_CUDA
 int mi_cuda_available(void) { return 0; }
 const char *mi_cuda_device_name(void) { return ""; }
+int32_t mi_cuda_compute_capability(void) { return 0; }
 double mi_cuda_copy_bandwidth(void) { return -1.0; }
 int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int32_t nt,
                    const float *bias, int32_t accumulate, float *y) {
@@ -74,6 +75,7 @@ int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, 
 }
 uint64_t mi_cuda_mmq_wide_launches(void) { return 0; }
 uint64_t mi_cuda_mmvq_mma_launches(void) { return 0; }
+uint64_t mi_cuda_mmvq_mma_split_launches(void) { return 0; }
 int mi_cuda_op_attention_prefill(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *pos, int32_t nt,
                                  int32_t n_kv, int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale,
                                  float *out) {

@@ -111,8 +111,10 @@ __device__ __forceinline__ void mi_prefetch_l2(const uint8_t *p, int64_t n) {
     for (int64_t o = (int64_t)threadIdx.x * 128; o < n; o += (int64_t)blockDim.x * 128) mi_prefetch_l2_line(p + o);
 }
 
-static inline bool mi_pdl_on(cudaStream_t s) {
-    static int cc_major = -1; // of device 0, the only one the backend uses
+// Compute capability major of the current device (0 if it cannot be read), read once: the backend
+// uses device 0 only.
+static inline int mi_cc_major() {
+    static int cc_major = -1;
     if (cc_major < 0) {
         int dev = 0, v = 0;
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
@@ -121,9 +123,13 @@ static inline bool mi_pdl_on(cudaStream_t s) {
         }
         cc_major = v;
     }
+    return cc_major;
+}
+
+static inline bool mi_pdl_on(cudaStream_t s) {
     const char *e = getenv("MI_CUDA_PDL");
     // Only on created streams: the legacy default stream (op-level tests) keeps plain launches.
-    return s != 0 && cc_major >= 9 && !(e && e[0] == '0');
+    return s != 0 && mi_cc_major() >= 9 && !(e && e[0] == '0');
 }
 
 // kernel<<<grid, block, 0, s>>>(args...) with the PDL attribute where mi_pdl_on(s).

@@ -439,6 +439,12 @@ extern "C" const char *mi_cuda_device_name(void) {
     return name;
 }
 
+extern "C" int32_t mi_cuda_compute_capability(void) {
+    cudaDeviceProp p;
+    if (!mi_cuda_available() || cudaGetDeviceProperties(&p, 0) != cudaSuccess) return 0;
+    return 10 * p.major + p.minor;
+}
+
 extern "C" void mi_cuda_ctx_free(mi_cuda_ctx *c) {
     if (!c) return;
     // A submitted forward still running reads the buffers freed below and copies into h_ints.

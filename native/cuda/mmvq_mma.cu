@@ -21,6 +21,7 @@
 // Reference layouts: q4_K block (144 bytes: d, dmin f16; 12 bytes of 6-bit scales / mins; qs[128],
 // chunk pair 2i / 2i + 1 = low / high nibbles of qs[32i..32i+31]): ggml-common.h block_q4_K;
 // the fragment maps: PTX ISA, "Matrix Fragments for mma.m16n8k32".
+#include <cooperative_groups.h>
 #include "mma.cuh"
 #include "mmvq_kernels.cuh"
 
@@ -100,20 +101,31 @@ __device__ __forceinline__ void mi_mma_chunks(const mi_mma_ld<NM> &l, int c, flo
     }
 }
 
-template <int NT, bool GLU>
+// SPLIT (sm_90): block (x, y) computes only slot group y of row tile x, and the tpr / 32 blocks of
+// a row tile form one thread block cluster whose rank 0 adds the groups' sums in group order from
+// its peers' shared memory and finishes the rows: the same additions in the same order, so the
+// same bits, with tpr / 32 times the blocks, each doing that fraction of the dependent load -> MMA
+// steps. For ffn_down of the 1.5B / 7B shapes (280 / 592 chunks a row, tpr 128, only 96 / 224 row
+// tiles): GPU ms a forward at nt = 8, 1.879 -> 1.762 / 5.323 -> 5.155 (docs/perf.md, session 20).
+template <int NT, bool GLU, bool SPLIT>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_mma_q4k_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
                            int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os,
                            int accumulate, int tpr) {
     constexpr int NM = GLU ? 2 : 1; // matrices (gate, up)
     __shared__ float P[NM][32][MI_MMA_ROWS][8]; // [matrix][slot in group][row][activation row]
-    __shared__ float R[NM][MI_MMA_ROWS][8];     // finished sums
+    __shared__ float R[NM][MI_MMA_ROWS][8];     // finished sums (SPLIT: this block's group's, read by rank 0)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, q = lane % 4;
     const int r0 = blockIdx.x * MI_MMA_ROWS;
-    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, r0, MI_MMA_ROWS, n_rows, os);
+    // The groups this block sums, and whether it finishes the rows (SPLIT: cluster rank 0 = y 0).
+    const int grp0 = SPLIT ? (int)blockIdx.y : 0, grp1 = SPLIT ? grp0 + 1 : tpr / 32;
+    const bool finisher = !SPLIT || blockIdx.y == 0;
+    // (SPLIT: the row tile's blocks prefetch 16 / gridDim.y of its rows each, not all 16 each.)
+    mi_mmvq_prologue(w0, GLU ? w1 : nullptr, row_bytes, r0 + grp0 * (int)(MI_MMA_ROWS / gridDim.y),
+                     MI_MMA_ROWS / (int)gridDim.y, n_rows, os);
     mi_epi_in<NT> in; // thread k < 16 finishes row r0 + k
-    mi_epilogue_load<NT>(r0 + (int)threadIdx.x, threadIdx.x < MI_MMA_ROWS, os, accumulate, in);
+    mi_epilogue_load<NT>(r0 + (int)threadIdx.x, finisher && threadIdx.x < MI_MMA_ROWS, os, accumulate, in);
 
     const uint8_t *wr[NM][2]; // rows g, g + 8 of each matrix
     wr[0][0] = w0 + (int64_t)(r0 + g) * row_bytes;
@@ -132,7 +144,7 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 #pragma unroll
     for (int m = 0; m < NM; m++) res[m] = 0.0f;
 
-    for (int grp = 0; grp < tpr / 32; grp++) {
+    for (int grp = grp0; grp < grp1; grp++) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int jj = 2 * (warp + 4 * u); // slot pair (jj, jj + 1) of this group
@@ -175,12 +187,36 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
             v[0] = __fadd_rn(v[0], v[2]);
             v[1] = __fadd_rn(v[1], v[3]);
             v[0] = __fadd_rn(v[0], v[1]);
-            res[m] = grp == 0 ? v[0] : __fadd_rn(res[m], v[0]);
+            res[m] = grp == grp0 ? v[0] : __fadd_rn(res[m], v[0]);
         }
         __syncthreads();
     }
 #pragma unroll
     for (int m = 0; m < NM; m++) R[m][rr][cc] = res[m];
+    if constexpr (SPLIT) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 // launched only there (mi_mma_go)
+        namespace cg = cooperative_groups;
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync(); // every group's sums are visible to rank 0 (release / acquire)
+        if (finisher) {
+            float v[4][NM]; // groups 1.. (<= 4: tpr <= 128), every peer's load in flight at once
+#pragma unroll
+            for (int k = 1; k < 4; k++)
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    v[k][m] = k < (int)gridDim.y ? cl.map_shared_rank(&R[m][rr][cc], k)[0] : 0.0f;
+#pragma unroll
+            for (int k = 1; k < 4; k++)
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    if (k < (int)gridDim.y) res[m] = __fadd_rn(res[m], v[k][m]);
+        }
+        cl.sync(); // no block leaves while rank 0 may still read its shared memory
+        if (!finisher) return;
+#pragma unroll
+        for (int m = 0; m < NM; m++) R[m][rr][cc] = res[m];
+#endif
+    }
     __syncthreads();
     if (threadIdx.x < MI_MMA_ROWS) {
         float acc[NT], acc1[NT];
@@ -194,20 +230,68 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     if (os.yq) mi_group_quant<NT>(os, r0, MI_MMA_ROWS);
 }
 
+// MI_CUDA_MMVQ_MMA_SPLIT (read at every call; a graph keeps what was set at capture): where the
+// nt = 1 kernel has more than 32 threads a row, 2 (default) = a cluster of tpr / 32 blocks a row
+// tile for the plain matrices, one block a row tile for gate / up with SwiGLU (whose 2-group split
+// lost: 7B shape, nt = 8, the gate / up cost 1.23 -> 1.80 ms a forward); 1 = clusters for both; 0 =
+// one block a row tile everywhere. Clusters need sm_90 code (below it: one block a row tile). -1:
+// malformed (mi_cuda_mmvq_seg refuses it first).
+static int mi_mma_split_mode() {
+    const char *ev = getenv("MI_CUDA_MMVQ_MMA_SPLIT");
+    if (!ev) return 2;
+    return ev[0] >= '0' && ev[0] <= '2' && ev[1] == 0 ? ev[0] - '0' : -1;
+}
+
+uint64_t mi_split_count = 0; // cluster launches so far (mi_cuda_mmvq_mma_split_launches)
+
+template <int NT, bool GLU, bool SPLIT>
+cudaError_t mi_mma_go(int groups, const mi_mmvq_args &a, int tpr, cudaStream_t s) {
+    const auto k = mi_mmvq_mma_q4k_kernel<NT, GLU, SPLIT>;
+    if constexpr (SPLIT) {
+        static int ok = -1; // a binary without sm_90 code (PTX JIT-compiled for an older target) has no clusters
+        if (ok < 0) {
+            cudaFuncAttributes fa;
+            ok = mi_cc_major() >= 9 && cudaFuncGetAttributes(&fa, k) == cudaSuccess && fa.binaryVersion >= 90;
+            cudaGetLastError();
+        }
+        if (!ok) return mi_mma_go<NT, GLU, false>(groups, a, tpr, s);
+        __atomic_add_fetch(&mi_split_count, 1, __ATOMIC_RELAXED);
+        cudaLaunchAttribute attr[2];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 1;
+        attr[0].val.clusterDim.y = groups;
+        attr[0].val.clusterDim.z = 1;
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(a.n_rows / MI_MMA_ROWS, groups);
+        cfg.blockDim = dim3(MI_MMVQ_THREADS);
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = mi_pdl_on(s) ? 2 : 1;
+        return cudaLaunchKernelEx(&cfg, k, a.w0, a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os,
+                                  a.accumulate, tpr);
+    } else {
+        return mi_launch(k, a.n_rows / MI_MMA_ROWS, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
+                         a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, tpr);
+    }
+}
+
 template <int NT> cudaError_t mi_mma_one(bool glu, const mi_mmvq_args &a, cudaStream_t s) {
     const int tpr = a.warp ? 32 * a.warp : MI_MMVQ_THREADS / a.rpb; // threads a row of the nt = 1 kernel
-    const int grid = a.n_rows / MI_MMA_ROWS;
+    const int split = mi_mma_split_mode(), groups = tpr / 32;
+    if (split < 0) return cudaErrorInvalidValue;
+    const bool cluster = groups > 1 && groups <= 4 && (split == 1 || (split == 2 && !glu));
     if (glu)
-        return mi_launch(mi_mmvq_mma_q4k_kernel<NT, true>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
-                         a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, tpr);
-    return mi_launch(mi_mmvq_mma_q4k_kernel<NT, false>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
-                     a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, tpr);
+        return cluster ? mi_mma_go<NT, true, true>(groups, a, tpr, s) : mi_mma_go<NT, true, false>(groups, a, tpr, s);
+    return cluster ? mi_mma_go<NT, false, true>(groups, a, tpr, s) : mi_mma_go<NT, false, false>(groups, a, tpr, s);
 }
 
 } // namespace
 
 static uint64_t mi_mma_count = 0; // launches so far (mi_cuda_mmvq_mma_launches)
 extern "C" uint64_t mi_cuda_mmvq_mma_launches(void) { return __atomic_load_n(&mi_mma_count, __ATOMIC_RELAXED); }
+extern "C" uint64_t mi_cuda_mmvq_mma_split_launches(void) { return __atomic_load_n(&mi_split_count, __ATOMIC_RELAXED); }
 
 bool mi_mmvq_mma_applies(int type, int64_t n_rows, int64_t n_cols, int any_rope) {
     return type == MI_TYPE_Q4_K && n_rows % MI_MMA_ROWS == 0 && n_cols % 256 == 0 && !any_rope;

@@ -53,6 +53,8 @@ const char *mi_last_error(void);
 int mi_cuda_available(void);
 /* Name of the CUDA device 0 (empty string when none). */
 const char *mi_cuda_device_name(void);
+/* Compute capability of device 0 as 10 * major + minor (90 for sm_90), 0 without a GPU. */
+int32_t mi_cuda_compute_capability(void);
 /* Device-to-device copy bandwidth of CUDA device 0 in bytes/s (read + write), -1 when unavailable. */
 double mi_cuda_copy_bandwidth(void);
 
@@ -114,6 +116,9 @@ uint64_t mi_cuda_mmq_wide_launches(void);
 /* Mat-vec launches that took the tensor-core verify kernel (MI_CUDA_MMVQ_MMA, native/cuda/mmvq_mma.cu)
  * since the library was loaded, in this process (not counting graph replays). 0 without CUDA. */
 uint64_t mi_cuda_mmvq_mma_launches(void);
+/* Of those, the launches split over a thread block cluster per 16-row tile (MI_CUDA_MMVQ_MMA_SPLIT,
+ * sm_90+). 0 without CUDA. */
+uint64_t mi_cuda_mmvq_mma_split_launches(void);
 /* CUDA prefill attention (the tensor-core kernel of forwards on the GEMM path; tolerance in
  * native/cuda/attention.cuh): out [nt][n_head*head_dim] f32 = per head softmax(q k^T * scale) v,
  * row t over slots 0..pos[t]. q [nt][n_head*head_dim] f32; k, v [n_kv][n_head_kv*head_dim] f16
