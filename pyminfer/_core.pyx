@@ -109,6 +109,13 @@ def mmvq_mma_split_launches() -> int:
     return mi_cuda_mmvq_mma_split_launches()
 
 
+def attn_pair_launches() -> int:
+    """Tensor-core decode-attention launches that served two batch rows a block
+    (native/cuda/attention.cu, MI_CUDA_ATTN_PAIR) in this process so far, graph replays not
+    counted; 0 without CUDA. For tests: that the pair path ran."""
+    return mi_cuda_attn_pair_launches()
+
+
 def cuda_copy_bandwidth() -> float:
     """Device-to-device copy bandwidth of CUDA device 0 in bytes/s (read + write); raises
     RuntimeError when there is no CUDA device."""

@@ -869,8 +869,12 @@ def test_attention_row_pairs_bitwise(shape, P, splits, n_batch, monkeypatch):
     if splits:
         monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
     model, prompt, batch = attn_case(shape, 19, P, P, n_batch=n_batch)
+    n0 = core.attn_pair_launches()
     lp = check_batch_rows(model, prompt, batch)
+    n1 = core.attn_pair_launches()
+    assert (n1 > n0) == (shape != "per_head_g16")  # the pair path ran (the launch counter says so)
     (ln, _), = batch_under_env(monkeypatch, "MI_CUDA_ATTN_PAIR", ("0",), model, prompt, batch)
+    assert core.attn_pair_launches() == n1  # =0: a block per row
     assert np.array_equal(lp, ln)
 
 

@@ -793,6 +793,9 @@ template <int DPL, int G> cudaError_t mi_attn_launch(const mi_attn_args &a, cuda
                      a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi);
 }
 
+static uint64_t mi_attn_pair_count = 0; // launches with row pairs so far (mi_cuda_attn_pair_launches)
+extern "C" uint64_t mi_cuda_attn_pair_launches(void) { return __atomic_load_n(&mi_attn_pair_count, __ATOMIC_RELAXED); }
+
 // a.group: one block per KV head's query group (instances for head_dim 64 and 128 and groups up
 // to 8, to bound compile time), else one block per query head (the default). Same bits either way
 // (tested), so this is a speed choice only: see docs/perf.md (session 5) for where each wins.
@@ -803,6 +806,7 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
             const int nw = mi_attn_mma_warps(a.n_head / a.n_head_kv);
             const int pair = a.pair && nw == 8 && a.nt > 1; // G <= 8: fragment rows 8..15 take a second row
             const dim3 grid(a.n_head_kv, pair ? (a.nt + 1) / 2 : a.nt, a.max_splits);
+            if (pair) __atomic_add_fetch(&mi_attn_pair_count, 1, __ATOMIC_RELAXED);
             const cudaError_t e =
                 nw == 8 ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.nt, a.n_head,
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
