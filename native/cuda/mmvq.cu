@@ -58,9 +58,12 @@ static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
 // MI_CUDA_MMVQ_MMA (read at every call, like MI_CUDA_MMVQ): the fewest activation rows a group must
 // have to take the tensor-core kernel where it applies (mi_mmvq_mma_applies): 2..8, or 0 = never;
 // unset = MI_MMVQ_MMA_DEFAULT. -1 when malformed. The kernel forms all 8 columns whatever the group's
-// rows, so it pays only for wide groups: 7 wins on the 1.5B / 7B / 14B shapes, 6 ties, 5 and 4 lose
-// (docs/perf.md, session 14). The bits are the same either way, so the threshold may depend on nt.
-#define MI_MMVQ_MMA_DEFAULT 7
+// rows, so it pays only for wide groups: 7 won on the 1.5B / 7B / 14B shapes, 6 tied, 5 and 4 lost
+// (docs/perf.md, session 14); since ffn_down's cluster split (session 20) 6 wins (nt = 6: 1.5B shape
+// 1.680 -> 1.567 ms, 7B 4.760 -> 4.279; the 14B, which does not split, 9.909 -> 9.616 in session 14)
+// and 4 still loses; 5 wins on the 1.5B / 7B but lost on the 14B. The bits are the same either way,
+// so the threshold may depend on nt (and on the matrix).
+#define MI_MMVQ_MMA_DEFAULT 6
 static int mi_mmvq_mma_from() {
     const char *ev = getenv("MI_CUDA_MMVQ_MMA");
     if (!ev) return MI_MMVQ_MMA_DEFAULT;
