@@ -215,6 +215,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
         if (!finisher) return;
 #pragma unroll
         for (int m = 0; m < NM; m++) R[m][rr][cc] = res[m];
+#else
+        __trap(); // compiled without clusters: mi_mma_go never launches this (a wrong sum must not pass silently)
 #endif
     }
     __syncthreads();
@@ -248,10 +250,14 @@ template <int NT, bool GLU, bool SPLIT>
 cudaError_t mi_mma_go(int groups, const mi_mmvq_args &a, int tpr, cudaStream_t s) {
     const auto k = mi_mmvq_mma_q4k_kernel<NT, GLU, SPLIT>;
     if constexpr (SPLIT) {
-        static int ok = -1; // a binary without sm_90 code (PTX JIT-compiled for an older target) has no clusters
+        // Only kernel code compiled for sm_90+ has the cluster merge: not a binary whose kernels come
+        // from older PTX (JIT-compiled for this GPU: binaryVersion is then this GPU's, ptxVersion the
+        // PTX's), nor a GPU below sm_90.
+        static int ok = -1;
         if (ok < 0) {
             cudaFuncAttributes fa;
-            ok = mi_cc_major() >= 9 && cudaFuncGetAttributes(&fa, k) == cudaSuccess && fa.binaryVersion >= 90;
+            ok = mi_cc_major() >= 9 && cudaFuncGetAttributes(&fa, k) == cudaSuccess && fa.ptxVersion >= 90 &&
+                 fa.binaryVersion >= 90;
             cudaGetLastError();
         }
         if (!ok) return mi_mma_go<NT, GLU, false>(groups, a, tpr, s);
