@@ -110,9 +110,9 @@ def mmvq_mma_split_launches() -> int:
 
 
 def attn_pair_launches() -> int:
-    """Tensor-core decode-attention launches that served two batch rows a block
-    (native/cuda/attention.cu, MI_CUDA_ATTN_PAIR) in this process so far, graph replays not
-    counted; 0 without CUDA. For tests: that the pair path ran."""
+    """Tensor-core decode-attention launches whose grid pairs two batch rows a block
+    (native/cuda/attention.cu, MI_CUDA_ATTN_PAIR) in this process so far, graph captures included,
+    replays not counted; 0 without CUDA. For tests: that the pair path was launched."""
     return mi_cuda_attn_pair_launches()
 
 

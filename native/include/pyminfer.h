@@ -119,8 +119,9 @@ uint64_t mi_cuda_mmvq_mma_launches(void);
 /* Of those, the launches split over a thread block cluster per 16-row tile (MI_CUDA_MMVQ_MMA_SPLIT,
  * sm_90+). 0 without CUDA. */
 uint64_t mi_cuda_mmvq_mma_split_launches(void);
-/* Decode-attention launches on the tensor cores that served two batch rows a block (MI_CUDA_ATTN_PAIR,
- * native/cuda/attention.cu) since the library was loaded, in this process. 0 without CUDA. */
+/* Decode-attention launches on the tensor cores whose grid pairs two batch rows a block (MI_CUDA_ATTN_PAIR,
+ * native/cuda/attention.cu) since the library was loaded, in this process (not counting graph replays).
+ * 0 without CUDA. */
 uint64_t mi_cuda_attn_pair_launches(void);
 /* CUDA prefill attention (the tensor-core kernel of forwards on the GEMM path; tolerance in
  * native/cuda/attention.cuh): out [nt][n_head*head_dim] f32 = per head softmax(q k^T * scale) v,
