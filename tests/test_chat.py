@@ -80,8 +80,10 @@ def test_system_message_and_stop_early(model, n_chunks):
 def test_chat_terminal():
     pexpect = pytest.importorskip("pexpect")
     ensure_model(MODEL, progress=False)
-    c = pexpect.spawn(sys.executable, ["-m", "pyminfer", "chat", "-m", MODEL, "--device", "cpu", "-c", "512",
-                                       "--temp", "0", "-n", "300"], encoding="utf-8", timeout=120,
+    # -n 1500 in a 2,048 context: the long reply below must still be running when Ctrl-C arrives, even
+    # on a loaded machine (at -n 300 a starved test process once sent it after the reply had ended)
+    c = pexpect.spawn(sys.executable, ["-m", "pyminfer", "chat", "-m", MODEL, "--device", "cpu", "-c", "2048",
+                                       "--temp", "0", "-n", "1500"], encoding="utf-8", timeout=120,
                       dimensions=(40, 200))
     try:
         c.expect_exact("> ")
