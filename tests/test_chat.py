@@ -4,6 +4,7 @@ pseudo-terminal (pexpect): two turns, Ctrl-C, /clear, /exit."""
 from __future__ import annotations
 
 import re
+import signal
 import sys
 
 import pytest
@@ -80,11 +81,11 @@ def test_system_message_and_stop_early(model, n_chunks):
 def test_chat_terminal():
     pexpect = pytest.importorskip("pexpect")
     ensure_model(MODEL, progress=False)
-    # -n 1500 in a 2,048 context: the long reply below must still be running when Ctrl-C arrives, even
-    # on a loaded machine (at -n 300 a starved test process once sent it after the reply had ended)
-    c = pexpect.spawn(sys.executable, ["-m", "pyminfer", "chat", "-m", MODEL, "--device", "cpu", "-c", "2048",
-                                       "--temp", "0", "-n", "1500"], encoding="utf-8", timeout=120,
-                      dimensions=(40, 200))
+    # SIGINT back to its default in the child: a test run started in the background (`cmd &` in a
+    # non-interactive shell, nohup) inherits it ignored, and Python then keeps ignoring Ctrl-C
+    c = pexpect.spawn(sys.executable, ["-m", "pyminfer", "chat", "-m", MODEL, "--device", "cpu", "-c", "512",
+                                       "--temp", "0", "-n", "300"], encoding="utf-8", timeout=120,
+                      dimensions=(40, 200), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         c.expect_exact("> ")
         c.sendline("What is the capital of France? One word.")
