@@ -123,9 +123,8 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     if (mma_from < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA=%s: want 0 (off) or 2..8 (fewest activation rows)",
                             getenv("MI_CUDA_MMVQ_MMA"));
-    const char *split = getenv("MI_CUDA_MMVQ_MMA_SPLIT"); // read by mmvq_mma.cu; refused here, clearly
-    if (split && !(split[0] >= '0' && split[0] <= '2' && split[1] == 0))
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA_SPLIT=%s: want 0, 1 or 2", split);
+    if (mi_mmvq_mma_split_mode() < 0) // read by mmvq_mma.cu's launch; refused here, clearly
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA_SPLIT=%s: want 0, 1 or 2", getenv("MI_CUDA_MMVQ_MMA_SPLIT"));
     const bool mma = mma_from && xq && mi_mmvq_mma_applies(w->type, w->n_rows, w->n_cols, out->any_rope);
     return mi_mmvq_groups(a, xq, xf, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
         if (!mma || g < mma_from) return mi_launch_type(w->type, w_up != nullptr, g, ga, s);

@@ -232,18 +232,6 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     if (os.yq) mi_group_quant<NT>(os, r0, MI_MMA_ROWS);
 }
 
-// MI_CUDA_MMVQ_MMA_SPLIT (read at every call; a graph keeps what was set at capture): where the
-// nt = 1 kernel has more than 32 threads a row, 2 (default) = a cluster of tpr / 32 blocks a row
-// tile for the plain matrices, one block a row tile for gate / up with SwiGLU (whose 2-group split
-// lost: 7B shape, nt = 8, the gate / up cost 1.23 -> 1.80 ms a forward); 1 = clusters for both; 0 =
-// one block a row tile everywhere. Clusters need sm_90 code (below it: one block a row tile). -1:
-// malformed (mi_cuda_mmvq_seg refuses it first).
-static int mi_mma_split_mode() {
-    const char *ev = getenv("MI_CUDA_MMVQ_MMA_SPLIT");
-    if (!ev) return 2;
-    return ev[0] >= '0' && ev[0] <= '2' && ev[1] == 0 ? ev[0] - '0' : -1;
-}
-
 uint64_t mi_split_count = 0; // cluster launches so far (mi_cuda_mmvq_mma_split_launches)
 
 template <int NT, bool GLU, bool SPLIT>
@@ -285,7 +273,7 @@ cudaError_t mi_mma_go(int groups, const mi_mmvq_args &a, int tpr, cudaStream_t s
 
 template <int NT> cudaError_t mi_mma_one(bool glu, const mi_mmvq_args &a, cudaStream_t s) {
     const int tpr = a.warp ? 32 * a.warp : MI_MMVQ_THREADS / a.rpb; // threads a row of the nt = 1 kernel
-    const int split = mi_mma_split_mode(), groups = tpr / 32;
+    const int split = mi_mmvq_mma_split_mode(), groups = tpr / 32;
     if (split < 0) return cudaErrorInvalidValue;
     const bool cluster = groups > 1 && groups <= 4 && (split == 1 || (split == 2 && !glu));
     if (glu)
@@ -294,6 +282,18 @@ template <int NT> cudaError_t mi_mma_one(bool glu, const mi_mmvq_args &a, cudaSt
 }
 
 } // namespace
+
+// MI_CUDA_MMVQ_MMA_SPLIT (read at every call; a graph keeps what was set at capture): where the
+// nt = 1 kernel has more than 32 threads a row, 2 (default) = a cluster of tpr / 32 blocks a row
+// tile for the plain matrices, one block a row tile for gate / up with SwiGLU (whose 2-group split
+// lost: 7B shape, nt = 8, the gate / up cost 1.23 -> 1.80 ms a forward); 1 = clusters for both; 0 =
+// one block a row tile everywhere. Clusters need sm_90 code (below it: one block a row tile). -1:
+// malformed (mi_cuda_mmvq_seg refuses it first).
+int mi_mmvq_mma_split_mode() {
+    const char *ev = getenv("MI_CUDA_MMVQ_MMA_SPLIT");
+    if (!ev) return 2;
+    return ev[0] >= '0' && ev[0] <= '2' && ev[1] == 0 ? ev[0] - '0' : -1;
+}
 
 static uint64_t mi_mma_count = 0; // launches so far (mi_cuda_mmvq_mma_launches)
 extern "C" uint64_t mi_cuda_mmvq_mma_launches(void) { return __atomic_load_n(&mi_mma_count, __ATOMIC_RELAXED); }
