@@ -187,6 +187,36 @@ def test_mmvq_mma_split_forward_rows_bitwise(split, monkeypatch):
         assert np.array_equal(aa, np.concatenate([r[1] for r in rows[:nt]])), nt
 
 
+def test_mmvq_mma_split_from_rows_bitwise(monkeypatch):
+    """MI_CUDA_MMVQ_MMA_SPLIT_FROM=4 under MI_CUDA_MMVQ_MMA=7: the matrices whose tensor-core launch
+    splits over a cluster (o and down here, as in test_mmvq_mma_split_forward_rows_bitwise) take it
+    from 4 rows, the others from 7; capture counts say so (per attention regime: nt = 4..6 three
+    launches, all split, nt = 7..9 five, three split), and nt = 4, 5 rows keep the single-token bits."""
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "7")
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "4")
+    shape = dict(n_layer=2, n_embd=2304, n_ff=4352, n_head=36, n_head_kv=4, head_dim=64, n_vocab=1000)
+    model = small_model(6, types=bg.qwen_types(2), **shape)
+    V = shape["n_vocab"]
+    rng = np.random.default_rng(64)
+    prefix, batch = list(rng.integers(0, V, 5)), list(rng.integers(0, V, 5))
+    n0, s0 = core.mmvq_mma_launches(), core.mmvq_mma_split_launches()
+    a = make_ctx(model, 1)
+    sm90 = core.cuda_compute_capability() >= 90
+    per_regime, split_per_regime = (24, 18) if sm90 else (15, 0)  # below sm_90: no split, no lower threshold
+    n_reg, rem = divmod(core.mmvq_mma_launches() - n0, per_regime)
+    assert n_reg >= 1 and rem == 0
+    assert core.mmvq_mma_split_launches() - s0 == n_reg * split_per_regime
+    run(a, prefix, range(5), V, out_rows=[])
+    b = make_ctx(model, 1)
+    run(b, prefix, range(5), V, out_rows=[])
+    rows = [run(b, [t], [5 + i], V) for i, t in enumerate(batch)]
+    for nt in (4, 5):
+        la, aa = run(a, batch[:nt], range(5, 5 + nt), V)
+        assert np.std(la) > 0.1
+        assert np.array_equal(la, np.concatenate([r[0] for r in rows[:nt]])), nt
+        assert np.array_equal(aa, np.concatenate([r[1] for r in rows[:nt]])), nt
+
+
 @pytest.mark.parametrize("nt", [2, 5, 8, 9])
 def test_mmvq_mma_forward_rows_bitwise(nt, monkeypatch):
     """Whole forwards with the tensor-core verify kernel (q4_K o with the residual, gate/up with
@@ -915,6 +945,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_PAIR", "2"), ("MI_CUDA_ATTN_GRAIN", "2"),
+                                     ("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "9"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
