@@ -751,9 +751,9 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
 def test_attention_many_splits(shape, P, kernel, monkeypatch):
     """Deeper than test_attention_long_context, so the split merge takes many partials: at these
     depths the splits used are (CUDA-core kernel alone, at most 64 / tensor-core kernel) g6_hd128:
-    35 / 9 at 1100, 64 / 16 at 2040; per_head_g16: 18 / 18, 32 / 32, 33 / 33 at 2100; kv8_hd128 at 2100: 33 / 15
-    (the tensor-core kernel capped at 132 SMs / 8 KV heads = 16 splits on the H200: 17 tiles of 128,
-    so splits of 9 16-slot warp tiles, MI_CUDA_ATTN_GRAIN). A verify batch equals its single forwards bitwise and the CPU within NMSE 1e-5.
+    35 / 9 at 1100, 64 / 16 at 2040; per_head_g16: 18 / 18, 32 / 32, 33 / 33 at 2100; kv8_hd128 at 2100: 33 / 9
+    (the tensor-core kernel capped at 132 SMs / 8 KV heads = 16 splits on the H200: 17 tiles in
+    splits of 2). A verify batch equals its single forwards bitwise and the CPU within NMSE 1e-5.
     cuda_core_32: the default's CUDA-core kernel below a switch at 4096 (at most 32 splits:
     g6_hd128 18 at 1100 and 32 at 2040, kv8_hd128 22: other bits than with 64). mma: the split merge
     in a launch of its own (the default where the kernel may take > 48 splits: 2 KV heads on the H200)
@@ -782,22 +782,6 @@ def check_batch_rows_under(monkeypatch, var, value, model, prompt, batch, graphs
     with monkeypatch.context() as m:
         m.setenv(var, value)
         return check_batch_rows(model, prompt, batch, graphs=graphs)
-
-
-@pytest.mark.parametrize("shape", ["g2_hd64", "g6_hd128", "g8_hd128", "kv8_hd128", "per_head_g16"])
-def test_attention_split_grain(shape, monkeypatch):
-    """The tensor-core kernel's split sizes past one block step a split come in 16-slot warp tiles
-    (MI_CUDA_ATTN_GRAIN=1, the default): with at most 4 splits, rows at 600..605 (601..606 slots)
-    take splits of 10 x 16 = 160 slots instead of whole block steps, 2 x 128 = 256 (8 warps) or 3 x 64
-    = 192 (per_head_g16: 4 warps), so other bits than whole steps (=0); each way the batch equals its
-    single forwards bitwise and the CPU within NMSE 1e-5."""
-    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1")
-    monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", "4")
-    P = 600
-    model, prompt, batch = attn_case(shape, 23, P, 24, n_batch=6)
-    lg = check_batch_rows(model, prompt, batch)
-    lw = check_batch_rows_under(monkeypatch, "MI_CUDA_ATTN_GRAIN", "0", model, prompt, batch)
-    assert not np.array_equal(lg, lw)  # the grain really ran (another split, so another order)
 
 
 @pytest.mark.parametrize("graphs", ["1", "0"])
@@ -912,7 +896,7 @@ def test_attention_row_pairs_bitwise(shape, P, splits, n_batch, monkeypatch):
     """The tensor-core kernel serves two batch rows a block (MI_CUDA_ATTN_PAIR, default on; <= 8
     query heads a KV head) where their splits start at the same slot: the same bits as a block per
     row (=0), and the batch equals its single forwards and the CPU. 511 with 4 splits: rows 511 and
-    512 take splits of 128 and 144 slots (only split 0 is shared); 5 rows: a last row alone;
+    512 take splits of 128 and 256 slots (only split 0 is shared); 5 rows: a last row alone;
     per_head_g16 (16 query heads a KV head) never pairs."""
     monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1")
     if splits:
@@ -944,8 +928,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
-                                     ("MI_CUDA_ATTN_PAIR", "2"), ("MI_CUDA_ATTN_GRAIN", "2"),
-                                     ("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "9"),
+                                     ("MI_CUDA_ATTN_PAIR", "2"), ("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "9"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
@@ -959,8 +942,7 @@ def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
         make_ctx(small_model(11), 1)
 
 
-@pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
-                                 "MI_CUDA_ATTN_GRAIN"])
+@pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):
     """VAR= (empty, as `bench/depth.py --env VAR=,1` sets it) means the default, not an error."""
     model = small_model(11)

@@ -26,19 +26,10 @@ constexpr int MI_ATTN_WARPS = MI_ATTN_THREADS / 32;
 template <int DPL> __host__ __device__ constexpr int mi_attn_unroll() { return DPL <= 2 ? 16 : DPL <= 4 ? 8 : 4; }
 
 // Slots [0, n_kv) are cut into tiles of `tile` slots (one step of the block) and the tiles into
-// at most max_splits splits of equal whole tiles: S slots per split, n_used splits. grain < tile
-// (the tensor-core kernel: its 16-slot warp tile): where that leaves more than one tile a split
-// (n_kv > tile x max_splits), S is cut in grains instead, >= one tile: whole tiles filled
-// max_splits only at multiples of tile x max_splits, so just past one (the 1.5B shape at 16,385
-// slots: 129 tiles of 128, 64 splits at most) 43 splits of 3 tiles ran where 61 of 272 slots now
-// do. A function of n_kv and the launch's constants alone: rows stay bitwise across nt.
-__device__ __forceinline__ void mi_attn_split_size(int n_kv, int tile, int grain, int max_splits, int &S, int &n_used) {
+// at most max_splits splits of equal whole tiles: S slots per split, n_used splits.
+__device__ __forceinline__ void mi_attn_split_size(int n_kv, int tile, int max_splits, int &S, int &n_used) {
     const int n_tiles = (n_kv + tile - 1) / tile;
     S = tile * ((n_tiles + max_splits - 1) / max_splits);
-    if (grain < tile && S > tile) {
-        const int n_grains = (n_kv + grain - 1) / grain;
-        S = max(tile, grain * ((n_grains + max_splits - 1) / max_splits));
-    }
     n_used = (n_kv + S - 1) / S;
 }
 
@@ -176,11 +167,11 @@ __device__ __forceinline__ void mi_attn_prefetch(const __half *kc, const __half 
 // n_used (the same for all its threads).
 // mi_attn_split_range: the split arithmetic alone (no prefetch, no wait), for a kernel that serves
 // more than one row a block (mi_attn_mma_kernel's pairs). True where this block has work for row t.
-__device__ __forceinline__ bool mi_attn_split_range(const int32_t *pos, int t, int s, int tile, int grain,
-                                                    int max_splits, int lo, int hi, int &k0, int &k1, int &n_used) {
+__device__ __forceinline__ bool mi_attn_split_range(const int32_t *pos, int t, int s, int tile, int max_splits, int lo,
+                                                    int hi, int &k0, int &k1, int &n_used) {
     const int n_kv = pos[t] + 1;
     int S;
-    mi_attn_split_size(n_kv, tile, grain, max_splits, S, n_used);
+    mi_attn_split_size(n_kv, tile, max_splits, S, n_used);
     k0 = s * S;
     k1 = min(n_kv, k0 + S);
     return pos[t] >= lo && pos[t] < hi && s < n_used;
@@ -189,7 +180,7 @@ template <int HD>
 __device__ __forceinline__ bool mi_attn_split_begin(const __half *kc, const __half *vc, const int32_t *pos, int t,
                                                     int s, int g, int kvd, int tile, int max_splits, int lo, int hi,
                                                     int nthreads, int &k0, int &k1, int &n_used) {
-    const bool work = mi_attn_split_range(pos, t, s, tile, tile, max_splits, lo, hi, k0, k1, n_used);
+    const bool work = mi_attn_split_range(pos, t, s, tile, max_splits, lo, hi, k0, k1, n_used);
     if (work) mi_attn_prefetch<HD>(kc, vc, k0, k1, kvd, g, nthreads);
     mi_pdl_wait();
     mi_pdl_trigger();
@@ -544,7 +535,7 @@ __global__ void __launch_bounds__(NW * 32)
     mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                        const int32_t *__restrict__ pos, int nt, int n_head, int n_head_kv, float scale, int max_splits,
                        float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                       mi_block_q8a *__restrict__ xq, int lo, int hi, int combine_from, int pair, int grain) {
+                       mi_block_q8a *__restrict__ xq, int lo, int hi, int combine_from, int pair) {
     constexpr int HD = DPL * 32, KS = HD / 16, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, NTH = NW * 32;
     const int g = blockIdx.x, s = blockIdx.z;
     // The block's rows (-1: none).
@@ -557,7 +548,7 @@ __global__ void __launch_bounds__(NW * 32)
     bool act[2] = {false, false};
 #pragma unroll
     for (int r = 0; r < 2; r++)
-        if (tr[r] >= 0) act[r] = mi_attn_split_range(pos, tr[r], s, TILE, grain, max_splits, lo, hi, k0[r], k1[r], nu[r]);
+        if (tr[r] >= 0) act[r] = mi_attn_split_range(pos, tr[r], s, TILE, max_splits, lo, hi, k0[r], k1[r], nu[r]);
     const bool together = R == 8 && act[0] && act[1] && k0[0] == k0[1];
     // Older slots are constants by now (slot pos[t] may still be in flight): hint them into L2
     // before the PDL wait, then wait (every block must: common.cuh).
@@ -730,13 +721,13 @@ __global__ void __launch_bounds__(NW * 32)
 template <int HD>
 __global__ void __launch_bounds__(4 * HD)
     mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head, int tile,
-                           int grain, int max_splits, int combine_from, float *__restrict__ att,
-                           mi_block_q8a *__restrict__ xq, int lo, int hi) {
+                           int max_splits, int combine_from, float *__restrict__ att, mi_block_q8a *__restrict__ xq,
+                           int lo, int hi) {
     constexpr int Q = 4, SPQ = MI_ATTN_SPLITS / Q;
     const int h = blockIdx.x, t = blockIdx.y, q = threadIdx.x / HD, dd = threadIdx.x % HD;
     const bool mine = pos[t] >= lo && pos[t] < hi;
     int S, n_used;
-    mi_attn_split_size(pos[t] + 1, tile, grain, max_splits, S, n_used);
+    mi_attn_split_size(pos[t] + 1, tile, max_splits, S, n_used);
     mi_pdl_wait();
     mi_pdl_trigger();
     if (!mine || n_used < combine_from) return;
@@ -789,7 +780,7 @@ struct mi_attn_args {
     const int32_t *pos;
     int nt, n_head, n_head_kv;
     float scale;
-    int max_splits, group, lo, hi, combine_from, pair, grain;
+    int max_splits, group, lo, hi, combine_from, pair;
     float *part;
     int32_t *cnt;
     float *att;
@@ -815,19 +806,17 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
             const int nw = mi_attn_mma_warps(a.n_head / a.n_head_kv);
             const int pair = a.pair && nw == 8 && a.nt > 1; // G <= 8: fragment rows 8..15 take a second row
             const dim3 grid(a.n_head_kv, pair ? (a.nt + 1) / 2 : a.nt, a.max_splits);
-            const int grain = a.grain ? MI_ATTN_MMA_TILE : nw * MI_ATTN_MMA_TILE; // split sizes: mi_attn_split_size
             if (pair) __atomic_add_fetch(&mi_attn_pair_count, 1, __ATOMIC_RELAXED);
             const cudaError_t e =
                 nw == 8 ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.nt, a.n_head,
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
-                                 pair, grain)
+                                 pair)
                         : mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.nt, a.n_head,
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
-                                 0, grain);
+                                 0);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
             return mi_launch(mi_attn_combine_kernel<DPL * 32>, dim3(a.n_head, a.nt), 4 * DPL * 32, s, a.part, a.pos,
-                             a.n_head, nw * MI_ATTN_MMA_TILE, grain, a.max_splits, a.combine_from, a.att, a.xq, a.lo,
-                             a.hi);
+                             a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
         }
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
@@ -869,7 +858,7 @@ bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd) {
 
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
-                      int combine_from, int pair, int grain, float *part, int32_t *cnt, float *att, mi_block_q8a *xq,
+                      int combine_from, int pair, float *part, int32_t *cnt, float *att, mi_block_q8a *xq,
                       cudaStream_t s) {
     if (n_head_kv < 1 || n_head % n_head_kv)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
@@ -881,7 +870,7 @@ int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cac
         return mi_set_error(MI_ERR_ARG, "CUDA attention: no tensor-core kernel for head_dim %d, %d query heads per KV head",
                             hd, n_head / n_head_kv);
     const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, max_splits, group, lo, hi,
-                            combine_from, pair, grain, part, cnt, att, xq};
+                            combine_from, pair, part, cnt, att, xq};
     cudaError_t e = cudaSuccess;
     switch (hd / 32) {
     case 1: e = mi_attn_launch_g<1>(a, s); break;
