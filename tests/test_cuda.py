@@ -124,6 +124,7 @@ def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, monkeypatch):
         assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:nt]), ones[:nt]), nt
     assert core.mmvq_mma_launches() == n0 + 7
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "6")  # groups of fewer rows keep the dp4a kernel
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "0")  # (split shapes included: no lower threshold)
     assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:5]), ones[:5])
     assert core.mmvq_mma_launches() == n0 + 7
 
@@ -161,6 +162,7 @@ def test_mmvq_mma_split_forward_rows_bitwise(split, monkeypatch):
     single-token forward's bits under each MI_CUDA_MMVQ_MMA_SPLIT (1 also splits gate / up with
     SwiGLU); capturing the graphs launched clusters where the mode asks for them (sm_90+)."""
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "7")
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "0")  # 7 for every matrix (the counts below)
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT", split)
     shape = dict(n_layer=2, n_embd=2304, n_ff=4352, n_head=36, n_head_kv=4, head_dim=64, n_vocab=1000)
     model = small_model(6, types=bg.qwen_types(2), **shape)

@@ -72,9 +72,11 @@ static int mi_rows_env(const char *name, int unset) {
 }
 static int mi_mmvq_mma_from() { return mi_rows_env("MI_CUDA_MMVQ_MMA", MI_MMVQ_MMA_DEFAULT); }
 // MI_CUDA_MMVQ_MMA_SPLIT_FROM: the same threshold for the matrices whose tensor-core launch splits
-// over a cluster (mi_mmvq_mma_splits: cheaper per row tile, so the crossover may sit lower);
-// the lower of the two applies to them. 0 or unset: MI_CUDA_MMVQ_MMA's alone.
-#define MI_MMVQ_MMA_SPLIT_DEFAULT 0
+// over a cluster (mi_mmvq_mma_splits: ffn_down of the 1.5B / 7B shapes, the 7B's o; cheaper per row
+// tile, so their crossover sits lower); the lower of the two applies to them; 0: MI_CUDA_MMVQ_MMA's
+// alone. Unset = 5 (docs/perf.md, session 21: nt = 5, 1.5B shape 1.529 -> 1.502 ms a forward, 7B
+// 4.136 -> 4.002; 4 no gain: 1.402 -> 1.400, 3.663 -> 3.672; the 14B has no such matrix).
+#define MI_MMVQ_MMA_SPLIT_DEFAULT 5
 static int mi_mmvq_mma_split_from() { return mi_rows_env("MI_CUDA_MMVQ_MMA_SPLIT_FROM", MI_MMVQ_MMA_SPLIT_DEFAULT); }
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     const int mode = mi_mmvq_mode(); // modes 0 and 3 run rows of <= 128 chunks on the block kernel
