@@ -124,7 +124,6 @@ def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, monkeypatch):
         assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:nt]), ones[:nt]), nt
     assert core.mmvq_mma_launches() == n0 + 7
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "6")  # groups of fewer rows keep the dp4a kernel
-    monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "0")  # (split shapes included: no lower threshold)
     assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:5]), ones[:5])
     assert core.mmvq_mma_launches() == n0 + 7
 
@@ -162,7 +161,6 @@ def test_mmvq_mma_split_forward_rows_bitwise(split, monkeypatch):
     single-token forward's bits under each MI_CUDA_MMVQ_MMA_SPLIT (1 also splits gate / up with
     SwiGLU); capturing the graphs launched clusters where the mode asks for them (sm_90+)."""
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "7")
-    monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "0")  # 7 for every matrix (the counts below)
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT", split)
     shape = dict(n_layer=2, n_embd=2304, n_ff=4352, n_head=36, n_head_kv=4, head_dim=64, n_vocab=1000)
     model = small_model(6, types=bg.qwen_types(2), **shape)
@@ -183,36 +181,6 @@ def test_mmvq_mma_split_forward_rows_bitwise(split, monkeypatch):
     run(b, prefix, range(5), V, out_rows=[])
     rows = [run(b, [t], [5 + i], V) for i, t in enumerate(batch)]
     for nt in (7, 8):
-        la, aa = run(a, batch[:nt], range(5, 5 + nt), V)
-        assert np.std(la) > 0.1
-        assert np.array_equal(la, np.concatenate([r[0] for r in rows[:nt]])), nt
-        assert np.array_equal(aa, np.concatenate([r[1] for r in rows[:nt]])), nt
-
-
-def test_mmvq_mma_split_from_rows_bitwise(monkeypatch):
-    """MI_CUDA_MMVQ_MMA_SPLIT_FROM=4 under MI_CUDA_MMVQ_MMA=7: the matrices whose tensor-core launch
-    splits over a cluster (o and down here, as in test_mmvq_mma_split_forward_rows_bitwise) take it
-    from 4 rows, the others from 7; capture counts say so (per attention regime: nt = 4..6 three
-    launches, all split, nt = 7..9 five, three split), and nt = 4, 5 rows keep the single-token bits."""
-    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "7")
-    monkeypatch.setenv("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "4")
-    shape = dict(n_layer=2, n_embd=2304, n_ff=4352, n_head=36, n_head_kv=4, head_dim=64, n_vocab=1000)
-    model = small_model(6, types=bg.qwen_types(2), **shape)
-    V = shape["n_vocab"]
-    rng = np.random.default_rng(64)
-    prefix, batch = list(rng.integers(0, V, 5)), list(rng.integers(0, V, 5))
-    n0, s0 = core.mmvq_mma_launches(), core.mmvq_mma_split_launches()
-    a = make_ctx(model, 1)
-    sm90 = core.cuda_compute_capability() >= 90
-    per_regime, split_per_regime = (24, 18) if sm90 else (15, 0)  # below sm_90: no split, no lower threshold
-    n_reg, rem = divmod(core.mmvq_mma_launches() - n0, per_regime)
-    assert n_reg >= 1 and rem == 0
-    assert core.mmvq_mma_split_launches() - s0 == n_reg * split_per_regime
-    run(a, prefix, range(5), V, out_rows=[])
-    b = make_ctx(model, 1)
-    run(b, prefix, range(5), V, out_rows=[])
-    rows = [run(b, [t], [5 + i], V) for i, t in enumerate(batch)]
-    for nt in (4, 5):
         la, aa = run(a, batch[:nt], range(5, 5 + nt), V)
         assert np.std(la) > 0.1
         assert np.array_equal(la, np.concatenate([r[0] for r in rows[:nt]])), nt
@@ -930,7 +898,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
-                                     ("MI_CUDA_ATTN_PAIR", "2"), ("MI_CUDA_MMVQ_MMA_SPLIT_FROM", "9"),
+                                     ("MI_CUDA_ATTN_PAIR", "2"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),

@@ -61,23 +61,17 @@ static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
 // rows, so it pays only for wide groups: 7 won on the 1.5B / 7B / 14B shapes, 6 tied, 5 and 4 lost
 // (docs/perf.md, session 14); since ffn_down's cluster split (session 20) 6 wins (nt = 6: 1.5B shape
 // 1.680 -> 1.567 ms, 7B 4.760 -> 4.279; the 14B, which does not split, 9.909 -> 9.616 in session 14)
-// and 4 still loses; 5 wins on the 1.5B / 7B but lost on the 14B. The bits are the same either way,
-// so the threshold may depend on nt (and on the matrix).
-#define MI_MMVQ_MMA_DEFAULT 6
-static int mi_rows_env(const char *name, int unset) {
-    const char *ev = getenv(name);
-    if (!ev) return unset;
+// and 4 still loses; and now 5 wins on all three (session 21, nt = 5: 1.5B shape 1.542 -> 1.483 ms,
+// 7B 3.992 -> 3.914, 14B 8.542 -> 8.357; it lost on the 14B in session 14, before the one-phase
+// loads of session 15). The bits are the same either way, so the threshold may depend on nt (and on
+// the matrix: a lower one for the matrices that split only, tried in session 21, gained less).
+#define MI_MMVQ_MMA_DEFAULT 5
+static int mi_mmvq_mma_from() {
+    const char *ev = getenv("MI_CUDA_MMVQ_MMA");
+    if (!ev) return MI_MMVQ_MMA_DEFAULT;
     if (ev[0] == '0' && ev[1] == 0) return 0;
     return ev[0] >= '2' && ev[0] <= '8' && ev[1] == 0 ? ev[0] - '0' : -1;
 }
-static int mi_mmvq_mma_from() { return mi_rows_env("MI_CUDA_MMVQ_MMA", MI_MMVQ_MMA_DEFAULT); }
-// MI_CUDA_MMVQ_MMA_SPLIT_FROM: the same threshold for the matrices whose tensor-core launch splits
-// over a cluster (mi_mmvq_mma_splits: ffn_down of the 1.5B / 7B shapes, the 7B's o; cheaper per row
-// tile, so their crossover sits lower); the lower of the two applies to them; 0: MI_CUDA_MMVQ_MMA's
-// alone. Unset = 5 (docs/perf.md, session 21: nt = 5, 1.5B shape 1.529 -> 1.502 ms a forward, 7B
-// 4.136 -> 4.002; 4 no gain: 1.402 -> 1.400, 3.663 -> 3.672; the 14B has no such matrix).
-#define MI_MMVQ_MMA_SPLIT_DEFAULT 5
-static int mi_mmvq_mma_split_from() { return mi_rows_env("MI_CUDA_MMVQ_MMA_SPLIT_FROM", MI_MMVQ_MMA_SPLIT_DEFAULT); }
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     const int mode = mi_mmvq_mode(); // modes 0 and 3 run rows of <= 128 chunks on the block kernel
     return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
@@ -133,15 +127,9 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
                             getenv("MI_CUDA_MMVQ_MMA"));
     if (mi_mmvq_mma_split_mode() < 0) // read by mmvq_mma.cu's launch; refused here, clearly
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA_SPLIT=%s: want 0, 1 or 2", getenv("MI_CUDA_MMVQ_MMA_SPLIT"));
-    const int split_from = mi_mmvq_mma_split_from();
-    if (split_from < 0)
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA_SPLIT_FROM=%s: want 0 (unset) or 2..8 (fewest activation rows)",
-                            getenv("MI_CUDA_MMVQ_MMA_SPLIT_FROM"));
     const bool mma = mma_from && xq && mi_mmvq_mma_applies(w->type, w->n_rows, w->n_cols, out->any_rope);
-    const int from = mma && split_from && split_from < mma_from && mi_mmvq_mma_splits(w_up != nullptr, a) ? split_from
-                                                                                                          : mma_from;
     return mi_mmvq_groups(a, xq, xf, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
-        if (!mma || g < from) return mi_launch_type(w->type, w_up != nullptr, g, ga, s);
+        if (!mma || g < mma_from) return mi_launch_type(w->type, w_up != nullptr, g, ga, s);
         const cudaError_t e = mi_mmvq_mma_launch(w_up != nullptr, g, ga, s);
         return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (tensor cores): %s", cudaGetErrorString(e));
     });

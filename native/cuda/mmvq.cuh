@@ -76,9 +76,6 @@ template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq
 bool mi_mmvq_mma_applies(int type, int64_t n_rows, int64_t n_cols, int any_rope);
 // MI_CUDA_MMVQ_MMA_SPLIT as mmvq_mma.cu reads it: 0, 1 or 2 (default), -1 when malformed.
 int mi_mmvq_mma_split_mode();
-// Whether the launch for this matrix would split its row tiles over a thread block cluster (the
-// mode asks for it, tpr > 32, sm_90+; a binary without sm_90 code still falls back inside).
-bool mi_mmvq_mma_splits(bool glu, const mi_mmvq_args &a);
 cudaError_t mi_mmvq_mma_launch(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s);
 // Mixed launches (mmvq_mixed.cu): whether the pair (t0, t1) is compiled, and the launch of one group
 // of nt <= 8 rows: a.w0 / a.row_bytes / a.n_rows describe w0, w1 / row_bytes1 / n_rows1 the second part.

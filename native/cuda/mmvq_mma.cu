@@ -271,18 +271,11 @@ cudaError_t mi_mma_go(int groups, const mi_mmvq_args &a, int tpr, cudaStream_t s
     }
 }
 
-int mi_mma_tpr(const mi_mmvq_args &a) { return a.warp ? 32 * a.warp : MI_MMVQ_THREADS / a.rpb; } // threads a row at nt = 1
-
-// Whether MI_CUDA_MMVQ_MMA_SPLIT (split >= 0) asks for clusters for this matrix (tpr / 32 groups).
-bool mi_mma_cluster_mode(int split, bool glu, int groups) {
-    return groups > 1 && groups <= 4 && (split == 1 || (split == 2 && !glu));
-}
-
 template <int NT> cudaError_t mi_mma_one(bool glu, const mi_mmvq_args &a, cudaStream_t s) {
-    const int tpr = mi_mma_tpr(a);
+    const int tpr = a.warp ? 32 * a.warp : MI_MMVQ_THREADS / a.rpb; // threads a row of the nt = 1 kernel
     const int split = mi_mmvq_mma_split_mode(), groups = tpr / 32;
     if (split < 0) return cudaErrorInvalidValue;
-    const bool cluster = mi_mma_cluster_mode(split, glu, groups);
+    const bool cluster = groups > 1 && groups <= 4 && (split == 1 || (split == 2 && !glu));
     if (glu)
         return cluster ? mi_mma_go<NT, true, true>(groups, a, tpr, s) : mi_mma_go<NT, true, false>(groups, a, tpr, s);
     return cluster ? mi_mma_go<NT, false, true>(groups, a, tpr, s) : mi_mma_go<NT, false, false>(groups, a, tpr, s);
@@ -300,11 +293,6 @@ int mi_mmvq_mma_split_mode() {
     const char *ev = getenv("MI_CUDA_MMVQ_MMA_SPLIT");
     if (!ev) return 2;
     return ev[0] >= '0' && ev[0] <= '2' && ev[1] == 0 ? ev[0] - '0' : -1;
-}
-
-bool mi_mmvq_mma_splits(bool glu, const mi_mmvq_args &a) {
-    const int split = mi_mmvq_mma_split_mode();
-    return split >= 0 && mi_cc_major() >= 9 && mi_mma_cluster_mode(split, glu, mi_mma_tpr(a) / 32);
 }
 
 static uint64_t mi_mma_count = 0; // launches so far (mi_cuda_mmvq_mma_launches)
