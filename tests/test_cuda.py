@@ -883,20 +883,6 @@ def test_attention_row_pairs_bitwise(shape, P, splits, n_batch, monkeypatch):
     assert np.array_equal(lp, ln)
 
 
-@pytest.mark.parametrize("P", [300, 2100])  # the CUDA-core and the tensor-core attention
-def test_kv_prefetch_changes_no_bit(P, monkeypatch):
-    """MI_CUDA_KV_PREFETCH (the attention norm hints the layer's cached K / V into L2, whole or cut
-    to a share under a 1 MB cap; _EARLY: issued a layer ahead) is a speed choice only: the batch's
-    logits equal those without it, bit for bit, and the forwards run without a fault."""
-    model, prompt, batch = attn_case("g6_hd128", 23, P, P, n_batch=5)
-    ref, = batch_under_env(monkeypatch, "MI_CUDA_KV_PREFETCH", ("0",), model, prompt, batch)
-    assert np.std(ref[0]) > 0.1
-    for early in ("0", "1"):
-        monkeypatch.setenv("MI_CUDA_KV_PREFETCH_EARLY", early)
-        for lg, am in batch_under_env(monkeypatch, "MI_CUDA_KV_PREFETCH", ("1", "64"), model, prompt, batch):
-            assert np.array_equal(lg, ref[0]) and np.array_equal(am, ref[1]), early
-
-
 @pytest.mark.parametrize("shape", ["g2_hd64", "g4_hd128", "g6_hd128", "g7_hd64", "g8_hd64", "g5_hd128", "g7_hd128",
                                    "g8_hd128"])
 def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
@@ -919,9 +905,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_MMQ_STAGES", "3"), ("MI_CUDA_MMQ_BN", "256"),
                                      ("MI_CUDA_MMQ_FILL", "2"), ("MI_CUDA_MMQ_FILL", "on"),
                                      ("MI_CUDA_MMVQ_MMA", "1"), ("MI_CUDA_MMVQ_MMA", "9"), ("MI_CUDA_MMVQ_MMA", "2x"),
-                                     ("MI_CUDA_MMVQ_MMA_SPLIT", "3"), ("MI_CUDA_MMVQ_MMA_SPLIT", ""),
-                                     ("MI_CUDA_KV_PREFETCH", "-1"), ("MI_CUDA_KV_PREFETCH", "8MB"),
-                                     ("MI_CUDA_KV_PREFETCH_EARLY", "2")])
+                                     ("MI_CUDA_MMVQ_MMA_SPLIT", "3"), ("MI_CUDA_MMVQ_MMA_SPLIT", "")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
     with pytest.raises(core.NativeError, match=var):

@@ -45,8 +45,6 @@
 // the 2-KV-head shapes only. Choosing per row (rows of >= 33 splits only) costs the launch at every
 // depth without its gain below (1.5B at 2,048: 1.135 vs 1.070), so the choice is per model.
 #define MI_ATTN_COMBINE_SPLITS 48
-// Most MB of cached K + V a layer the attention norm hints into L2 (mi_kv_hint); 0: off.
-#define MI_KV_HINT_MB 0
 
 struct mi_cuda_layer {
     mi_dtensor wq, wk, wv, wo, gate, up, down;
@@ -109,12 +107,6 @@ struct mi_cuda_ctx {
     // pair: K / V read once for both; the same bits): 1, the default; MI_CUDA_ATTN_PAIR=0: a block
     // per row (A/B timing, tests).
     int attn_pair;
-    // Each layer's attention norm hints that layer's cached K / V slots into L2 (mi_kv_hint), at
-    // most kv_hint_cap bytes (K + V) a layer; 0: off. MI_CUDA_KV_PREFETCH=MB sets it (A/B timing).
-    int64_t kv_hint_cap;
-    // MI_CUDA_KV_PREFETCH_EARLY=1: the hint for layer l + 1 is issued by layer l's FFN norm instead
-    // (one mat-vec pair earlier; layer 0's by its attention norm).
-    int kv_hint_early;
     int last_regime; // regime (mi_regime) of the last forward: the graph mi_cuda_replay_ms replays
     int pending;     // a submitted forward not yet waited for (mi_cuda_forward_submit)
     int pend_n_out;  // its out rows, and whether their argmax is being copied to h_ints
@@ -280,9 +272,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
     for (int l = 0; l < c->n_layer; l++) {
         const mi_cuda_layer *L = &c->layers[l];
         __half *kc = c->kv_k + (size_t)l * c->n_ctx * KD, *vc = c->kv_v + (size_t)l * c->n_ctx * KD;
-        const mi_kv_hint kvh = {kc, vc, (int64_t)KD * 2, pos, c->kv_hint_cap};
-        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->attn_norm, c->rms_eps, E, c->xn, c->xq, s,
-                                                 c->kv_hint_cap > 0 && (l == 0 || !c->kv_hint_early) ? &kvh : nullptr));
+        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->attn_norm, c->rms_eps, E, c->xn, c->xq, s));
         if (gemm) {
             MI_RUNK(MI_P_MM_Q, mm(&L->wq, c->xq, c->xn, E, nt, c->q, QD, L->bq, 0));
             MI_RUNK(MI_P_MM_Q, mm(&L->wk, c->xq, c->xn, E, nt, c->k, KD, L->bk, 0, true));
@@ -346,10 +336,7 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
                                                  c->attn_combine_from, c->attn_pair, c->part, c->attn_cnt, c->att,
                                                  c->xq, s));
         MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
-        const size_t next = (size_t)(l + 1) * c->n_ctx * KD; // layer l + 1's caches (early hint)
-        const mi_kv_hint kvn = {c->kv_k + next, c->kv_v + next, (int64_t)KD * 2, pos, c->kv_hint_cap};
-        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s,
-                                                 c->kv_hint_cap > 0 && c->kv_hint_early && l + 1 < c->n_layer ? &kvn : nullptr));
+        MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
         const bool q_down = L->down.type != MI_TYPE_F32 && L->down.type != MI_TYPE_F16;
         bool quantized = false; // ffn_down needs no separate quantize launch
         if (gemm) {
@@ -558,21 +545,6 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_PAIR=%s: want 0 or 1", pe2);
     }
     c->attn_pair = !(pe2 && strcmp(pe2, "0") == 0);
-    const char *ke = getenv("MI_CUDA_KV_PREFETCH");
-    if (ke && !ke[0]) ke = nullptr; // empty: unset
-    char *ke_end = nullptr;
-    const long kv_mb = ke ? strtol(ke, &ke_end, 10) : MI_KV_HINT_MB;
-    if (ke && (ke_end == ke || *ke_end || kv_mb < 0 || kv_mb > 65536)) {
-        free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_KV_PREFETCH=%s: want 0..65536 (MB a layer, 0 = off)", ke);
-    }
-    c->kv_hint_cap = (int64_t)kv_mb << 20;
-    const char *ee = getenv("MI_CUDA_KV_PREFETCH_EARLY");
-    if (ee && ee[0] && strcmp(ee, "0") != 0 && strcmp(ee, "1") != 0) {
-        free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_KV_PREFETCH_EARLY=%s: want 0 or 1", ee);
-    }
-    c->kv_hint_early = ee && strcmp(ee, "1") == 0;
     // MI_ATTN_SPLITS_CC where the CUDA-core kernel only serves rows below 4,096 (the tensor-core
     // one takes the rest); past that 64 splits win (16k: 1.641 vs 1.756 ms with 32, 1.5B shape).
     if (!ae && c->attn_mma_from <= 4096) c->attn_splits = MI_ATTN_SPLITS_CC;

@@ -8,37 +8,11 @@ namespace {
 // of 8-chunk blocks keeps every SM busy even for one row.
 constexpr int MI_NORM_THREADS = 1024;
 constexpr int MI_QUANT_THREADS = 256;
-constexpr int MI_KV_HINT_SLOTS = 32; // slots a hinted piece: 16 / 32 / 64 KB of K on the 1.5B / 7B / 14B shapes
-
-// Bytes [p, p + n) towards L2: one bulk prefetch on sm_90 (the copy engine walks it), else a line
-// at a time from this thread.
-__device__ __forceinline__ void mi_l2_hint_range(const char *p, uint32_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
-#else
-    for (uint32_t o = 0; o < n; o += 128) mi_prefetch_l2_line(p + o);
-#endif
-}
-
-// Block 0's threads each take 32-slot pieces of K and V slots [0, pos[0]) (see mi_kv_hint).
-__device__ __forceinline__ void mi_kv_hint_issue(const mi_kv_hint &h) {
-    if (!h.k || blockIdx.x != 0) return;
-    const int n = h.pos[0];
-    const int64_t total = 2 * (int64_t)n * h.row_bytes;
-    for (int i = threadIdx.x; i * MI_KV_HINT_SLOTS < n; i += blockDim.x) {
-        const int s0 = i * MI_KV_HINT_SLOTS;
-        int64_t b = (int64_t)min(MI_KV_HINT_SLOTS, n - s0) * h.row_bytes; // <= 32 slots x 4 KB
-        if (total > h.cap) b = b * h.cap / total / 16 * 16;
-        if (b < 16) continue;
-        mi_l2_hint_range((const char *)h.k + s0 * h.row_bytes, (uint32_t)b);
-        mi_l2_hint_range((const char *)h.v + s0 * h.row_bytes, (uint32_t)b);
-    }
-}
 
 __global__ void __launch_bounds__(MI_NORM_THREADS)
     mi_rmsnorm_quant_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
                             const int32_t *__restrict__ n_rows_d, const float *__restrict__ w, float eps, int n,
-                            float *__restrict__ xn, mi_block_q8a *__restrict__ xq, const mi_kv_hint kv) {
+                            float *__restrict__ xn, mi_block_q8a *__restrict__ xq) {
     // The norm weights are constants: load this lane's share before waiting on the previous kernel.
     constexpr int PRE = 4; // chunks per warp held in registers (rows up to 4 * 32 * 32 = 4096 wide)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -48,7 +22,6 @@ __global__ void __launch_bounds__(MI_NORM_THREADS)
         const int c = warp + k * (MI_NORM_THREADS / 32);
         wr[k] = c < n / 32 ? w[32 * c + lane] : 0.0f;
     }
-    mi_kv_hint_issue(kv); // constants too (pos was copied in before the forward began)
     mi_pdl_wait();
     mi_pdl_trigger();
     const int j = blockIdx.x;
@@ -115,11 +88,9 @@ __global__ void mi_swiglu_kernel(const float *__restrict__ g, const float *__res
 } // namespace
 
 int mi_cuda_rmsnorm_quant(const float *x, const int32_t *rows, const int32_t *n_rows_d, int n_rows, const float *w,
-                          float eps, int n, float *xn, mi_block_q8a *xq, cudaStream_t s, const mi_kv_hint *kv) {
+                          float eps, int n, float *xn, mi_block_q8a *xq, cudaStream_t s) {
     if (n_rows <= 0) return MI_OK;
-    mi_kv_hint h = {};
-    if (kv) h = *kv;
-    MI_LAUNCH("rmsnorm_quant", mi_rmsnorm_quant_kernel, n_rows, MI_NORM_THREADS, s, x, rows, n_rows_d, w, eps, n, xn, xq, h);
+    MI_LAUNCH("rmsnorm_quant", mi_rmsnorm_quant_kernel, n_rows, MI_NORM_THREADS, s, x, rows, n_rows_d, w, eps, n, xn, xq);
     return MI_OK;
 }
 
