@@ -1,6 +1,8 @@
 // RMSNorm (Zhang & Sennrich 2019) + q8a quantization in one pass per row, so each matmul input
 // is read once and quantized once per layer (not once per consuming matrix).
 #include "norm.cuh"
+#include <stdlib.h>
+#include <string.h>
 
 namespace {
 // One block per row for the norm (its sum of squares is a block reduction): 1024 threads so a
@@ -9,12 +11,15 @@ namespace {
 constexpr int MI_NORM_THREADS = 1024;
 constexpr int MI_QUANT_THREADS = 256;
 
+// PRE: chunks per warp held in registers (rows up to PRE * 32 * 32 wide); the rest of a wider row
+// is read again after the reduction (a second dependent round trip). The additions are the same
+// for every PRE (element t + 1024 k, k ascending), so PRE changes no bit: mi_norm_pre picks it.
+template <int PRE>
 __global__ void __launch_bounds__(MI_NORM_THREADS)
     mi_rmsnorm_quant_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
                             const int32_t *__restrict__ n_rows_d, const float *__restrict__ w, float eps, int n,
                             float *__restrict__ xn, mi_block_q8a *__restrict__ xq) {
     // The norm weights are constants: load this lane's share before waiting on the previous kernel.
-    constexpr int PRE = 4; // chunks per warp held in registers (rows up to 4 * 32 * 32 = 4096 wide)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float wr[PRE];
 #pragma unroll
@@ -87,10 +92,23 @@ __global__ void mi_swiglu_kernel(const float *__restrict__ g, const float *__res
 }
 } // namespace
 
+// Chunks per warp the norm holds in registers for rows of n: the whole row up to 8,192 wide (the
+// 14B's 5,120 took a second round trip with the fixed 4 before); MI_CUDA_NORM_PRE=4 forces the old
+// choice (A/B timing). Read at each launch, so a captured graph keeps what was set at capture.
+static int mi_norm_pre(int n) {
+    const char *e = getenv("MI_CUDA_NORM_PRE");
+    if (e && strcmp(e, "4") == 0) return 4;
+    return n <= 2048 ? 2 : n <= 4096 ? 4 : 8;
+}
+
 int mi_cuda_rmsnorm_quant(const float *x, const int32_t *rows, const int32_t *n_rows_d, int n_rows, const float *w,
                           float eps, int n, float *xn, mi_block_q8a *xq, cudaStream_t s) {
     if (n_rows <= 0) return MI_OK;
-    MI_LAUNCH("rmsnorm_quant", mi_rmsnorm_quant_kernel, n_rows, MI_NORM_THREADS, s, x, rows, n_rows_d, w, eps, n, xn, xq);
+    switch (mi_norm_pre(n)) {
+    case 2: MI_LAUNCH("rmsnorm_quant", mi_rmsnorm_quant_kernel<2>, n_rows, MI_NORM_THREADS, s, x, rows, n_rows_d, w, eps, n, xn, xq); break;
+    case 4: MI_LAUNCH("rmsnorm_quant", mi_rmsnorm_quant_kernel<4>, n_rows, MI_NORM_THREADS, s, x, rows, n_rows_d, w, eps, n, xn, xq); break;
+    default: MI_LAUNCH("rmsnorm_quant", mi_rmsnorm_quant_kernel<8>, n_rows, MI_NORM_THREADS, s, x, rows, n_rows_d, w, eps, n, xn, xq); break;
+    }
     return MI_OK;
 }
 
