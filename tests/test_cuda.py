@@ -62,7 +62,7 @@ def test_matmul_rows_bitwise_equal_to_one_row(typ):
         assert np.array_equal(y, ones[:nt]), (bg.NAMES[typ], nt)
 
 
-@pytest.mark.parametrize("mmvq", ["0", "1", "2", "3"])
+@pytest.mark.parametrize("mmvq", ["0", "1", "2", "3", "4"])
 @pytest.mark.parametrize("typ", [bg.Q4_0, bg.Q5_0, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K],
                          ids=lambda t: bg.NAMES[t])
 def test_matmul_both_kernels_odd_blocks(typ, mmvq, monkeypatch):
@@ -82,13 +82,14 @@ def test_matmul_both_kernels_odd_blocks(typ, mmvq, monkeypatch):
 
 @pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K], ids=lambda t: bg.NAMES[t])
 def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
-    """The default MMVQ choice (MI_CUDA_MMVQ=3) takes the warp kernel for >= 4096 rows of > 128
-    chunks and the block kernel below: both sides of the rule, CPU bound, rows bitwise across nt,
-    and the same bits as forcing that kernel."""
+    """The default MMVQ choice (MI_CUDA_MMVQ=3) takes the warp kernel with 2 warps a row (mode 2's
+    choice for 129..256 chunks) for >= 4096 rows of > 128 chunks and the block kernel below: both
+    sides of the rule, CPU bound, rows bitwise across nt, and the same bits as forcing that kernel;
+    mode 4 (the rule before session 22: one warp a row) gives other bits there."""
     monkeypatch.delenv("MI_CUDA_MMVQ", raising=False)
     rng = np.random.default_rng(typ + 41)
     n_cols = 256 * 19  # 152 chunks
-    for n_rows, forced in ((4100, "1"), (4095, "0")):
+    for n_rows, forced in ((4100, "2"), (4095, "0")):
         w = bg.random_weights(rng, typ, n_rows, n_cols)
         x = rng.standard_normal((8, n_cols)).astype(np.float32)
         y_cpu = matmul(0, typ, w, n_rows, n_cols, x)
@@ -98,21 +99,37 @@ def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
             assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], n_rows, nt)
         monkeypatch.setenv("MI_CUDA_MMVQ", forced)
         assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x), ones), (bg.NAMES[typ], n_rows)
+        monkeypatch.setenv("MI_CUDA_MMVQ", "4")
+        one_warp = matmul(1, typ, w, n_rows, n_cols, x)
+        assert np.array_equal(one_warp, ones) == (n_rows < 4096), (bg.NAMES[typ], n_rows)
         monkeypatch.delenv("MI_CUDA_MMVQ")
 
 
 # Shapes by the nt = 1 kernel's threads a row (tpr), which the tensor-core verify kernel replays:
 # 48 chunks a row: 32 (4 rows a block); 112: 64; 280: 128 (slots of 2 and 3 chunks); 160 chunks x
-# >= 4096 rows: the warp kernel, 32. (Slots with no chunk: the forward test's 8- and 16-chunk rows.)
-MMA_SHAPES = [(64, 1536), (48, 3584), (32, 8960), (4096, 5120)]
+# >= 4096 rows: the warp kernel, 2 warps (64), or under MI_CUDA_MMVQ=4 one warp (32); 288 chunks x
+# >= 4096 rows: 4 warps (128). (Slots with no chunk: the forward test's 8- and 16-chunk rows.)
+MMA_SHAPES = [(64, 1536, None), (48, 3584, None), (32, 8960, None), (4096, 5120, None), (4096, 5120, "4"),
+              (4096, 9216, None)]
 
 
-@pytest.mark.parametrize("n_rows,n_cols", MMA_SHAPES)
-def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, monkeypatch):
+def nt1_tpr(n_rows, n_cols, mmvq):
+    """Threads a row of the nt = 1 kernel (mmvq.cu: mi_rows_per_block, mi_mmvq_warps) by default
+    (mmvq None) or under MI_CUDA_MMVQ=4."""
+    nch = n_cols // 32
+    if nch > 128 and n_rows >= 4096:
+        return 32 if mmvq == "4" else 128 if nch > 256 else 64
+    return 32 if nch <= 64 else 64 if nch <= 128 else 128
+
+
+@pytest.mark.parametrize("n_rows,n_cols,mmvq", MMA_SHAPES)
+def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, mmvq, monkeypatch):
     """MI_CUDA_MMVQ_MMA=2: q4_K groups of 2..8 activation rows on the int8 tensor cores
     (native/cuda/mmvq_mma.cu) give, row by row, the bits of the nt = 1 dp4a kernel; the launch
     counter proves which kernel ran (nt = 1 never takes it); the CPU bound as for every mat-vec."""
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "2")
+    if mmvq:
+        monkeypatch.setenv("MI_CUDA_MMVQ", mmvq)
     rng = np.random.default_rng(n_rows + n_cols)
     w = bg.random_weights(rng, bg.Q4_K, n_rows, n_cols)
     x = rng.standard_normal((8, n_cols)).astype(np.float32)
@@ -129,15 +146,18 @@ def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, monkeypatch):
 
 
 @pytest.mark.parametrize("split", ["0", "1", "2", None])
-@pytest.mark.parametrize("n_rows,n_cols", MMA_SHAPES)
-def test_mmvq_mma_launch_shapes_bitwise(n_rows, n_cols, split, monkeypatch):
+@pytest.mark.parametrize("n_rows,n_cols,mmvq", MMA_SHAPES)
+def test_mmvq_mma_launch_shapes_bitwise(n_rows, n_cols, mmvq, split, monkeypatch):
     """The tensor-core verify kernel's launch shapes (MI_CUDA_MMVQ_MMA_SPLIT 0: a 16-row tile's
     slot groups in one block; 1 / 2 (default, None): one block a group in a thread block cluster
     whose rank 0 adds them in order) give the nt = 1 dp4a rows' bits; the split launch counter
     proves a cluster ran exactly where the nt = 1 kernel has more than 32 threads a row (tpr 64 /
-    128: 112 / 280 chunks, block kernel) on an sm_90+ GPU."""
+    128: 112 / 280 chunks, block kernel; 160 / 288 chunks x 4,096 rows, warp kernel) on an sm_90+ GPU."""
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "2")
-    monkeypatch.delenv("MI_CUDA_MMVQ", raising=False)  # the default kernel choice (mmvq.cu, mode 3)
+    if mmvq:
+        monkeypatch.setenv("MI_CUDA_MMVQ", mmvq)
+    else:
+        monkeypatch.delenv("MI_CUDA_MMVQ", raising=False)  # the default kernel choice (mmvq.cu, mode 3)
     rng = np.random.default_rng(n_rows + n_cols + 7)
     w = bg.random_weights(rng, bg.Q4_K, n_rows, n_cols)
     x = rng.standard_normal((8, n_cols)).astype(np.float32)
@@ -148,9 +168,7 @@ def test_mmvq_mma_launch_shapes_bitwise(n_rows, n_cols, split, monkeypatch):
     for nt in (2, 7, 8):
         assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:nt]), ones[:nt]), nt
     assert core.mmvq_mma_launches() == n0 + 3
-    nch = n_cols // 32  # tpr > 32: the block kernel with < 4 rows a block (mi_rows_per_block, mi_mmvq_warps)
-    tpr_over_32 = nch > 64 and not (nch > 128 and n_rows >= 4096)
-    clusters = split != "0" and tpr_over_32 and core.cuda_compute_capability() >= 90
+    clusters = split != "0" and nt1_tpr(n_rows, n_cols, mmvq) > 32 and core.cuda_compute_capability() >= 90
     assert core.mmvq_mma_split_launches() == s0 + (3 if clusters else 0)
 
 
@@ -905,7 +923,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 
 
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
-                                     ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "4"), ("MI_CUDA_MMVQ", "x"),
+                                     ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_PAIR", "2"),

@@ -29,29 +29,36 @@ int mi_launch_type(int type, bool glu, int nt, const mi_mmvq_args &a, cudaStream
 // so fewer lanes idle. (Tried: one chunk pair per lane: no faster at nt=1, 20-30% slower at nt=8.)
 static int mi_rows_per_block(int64_t nchunks) { return nchunks <= 64 ? 4 : nchunks <= 128 ? 2 : 1; }
 
-// MI_CUDA_MMVQ (read at every call, so a graph keeps what was set at capture): 0..3, unset = 3;
+// MI_CUDA_MMVQ (read at every call, so a graph keeps what was set at capture): 0..4, unset = 3;
 // -1 when malformed (mi_cuda_mmvq_seg refuses it).
 static int mi_mmvq_mode() {
     const char *ev = getenv("MI_CUDA_MMVQ");
     if (!ev) return 3;
-    return ev[0] >= '0' && ev[0] <= '3' && ev[1] == 0 ? ev[0] - '0' : -1;
+    return ev[0] >= '0' && ev[0] <= '4' && ev[1] == 0 ? ev[0] - '0' : -1;
 }
 
 // Warps per row of the warp kernel for a matrix of n_rows rows of nchunks chunks (0 = the block
 // kernel). 0 = the block kernel (fastest at nt = 1 on the H200 in session 2: 7B shape 359 vs
 // 350 / 340 tok/s, 1.5B 688 vs 619 / 629), 1 = one warp per row (fastest at nt = 8 then: 7B 1454
-// vs 1275 batch tok/s; 14B nt = 1 175 vs 165), 2 = 1, 2 or 4 warps per row by row length,
-// 3 (default) = by matrix shape: one warp per row for rows of > 128 chunks in matrices of >= 4096
-// rows, the block kernel otherwise (14B shape tg 194.3 -> 199.0, nt = 8 542.8 -> 649.5 tok/s; for
-// every row of > 128 chunks the ffn_down of the 1.5B / 7B shapes, 1,536 / 3,584 rows, lost 8% / 4%
-// at nt = 1: docs/perf.md, session 4). A function of the matrix only, never of nt, so rows stay
-// bitwise equal across nt.
+// vs 1275 batch tok/s; 14B nt = 1 175 vs 165), 2 = 1, 2 or 4 warps per row by row length (2 for
+// rows of 129..256 chunks, 4 above), 3 (default) = by matrix shape: for rows of > 128 chunks in
+// matrices of >= 4096 rows mode 2's 2 or 4 warps a row, the block kernel otherwise; 4 = mode 3 as
+// it was until session 22, one warp a row there (14B shape tg 194.3 -> 199.0, nt = 8 542.8 -> 649.5
+// tok/s against the block kernel in session 4; every row of > 128 chunks on the warp kernel lost
+// 8% / 4% at nt = 1 on the 1.5B / 7B shapes' ffn_down, 1,536 / 3,584 rows). 2 / 4 warps against 1
+// (session 22, 14B shape, the only one with such matrices, GPU ms a forward at nt = 1..6, 8: 4.884 /
+// 5.753 / 6.430 / 7.993 / 8.423 / 9.173 / 10.594 -> 4.896 / 5.656 / 6.002 / 7.149 / 8.351 / 8.815 /
+// 10.001): the verify rows read each weight block with 2-4x the warps, and the tensor-core verify
+// kernel replays tpr 64 / 128, which it splits over clusters. A function of the matrix only,
+// never of nt, so rows stay bitwise equal across nt.
 static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
+    const int by_len = nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
     switch (mode) {
     case 0: return 0;
     case 1: return 1;
-    case 2: return nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
-    default: return nchunks > 128 && n_rows >= 4096 ? 1 : 0;
+    case 2: return by_len;
+    case 4: return nchunks > 128 && n_rows >= 4096 ? 1 : 0;
+    default: return nchunks > 128 && n_rows >= 4096 ? by_len : 0;
     }
 }
 
@@ -73,8 +80,8 @@ static int mi_mmvq_mma_from() {
     return ev[0] >= '2' && ev[0] <= '8' && ev[1] == 0 ? ev[0] - '0' : -1;
 }
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
-    const int mode = mi_mmvq_mode(); // modes 0 and 3 run rows of <= 128 chunks on the block kernel
-    return (mode == 0 || mode == 3) && mi_rows_per_block(n_cols / 32) % 2 == 0;
+    const int mode = mi_mmvq_mode(); // modes 0, 3 and 4 run rows of <= 128 chunks on the block kernel
+    return (mode == 0 || mode == 3 || mode == 4) && mi_rows_per_block(n_cols / 32) % 2 == 0;
 }
 
 // Run launch(g, a) for each group of g <= 8 activation rows (t0 = 0, 8, ...), a's activations and
@@ -119,7 +126,7 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     a.rpb = mi_rows_per_block(nchunks);
     // Quantized weights: MI_CUDA_MMVQ picks the kernel (mi_mmvq_warps).
     const int mode = mi_mmvq_mode();
-    if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2 or 3", getenv("MI_CUDA_MMVQ"));
+    if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2, 3 or 4", getenv("MI_CUDA_MMVQ"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows);
     const int mma_from = mi_mmvq_mma_from();
     if (mma_from < 0)
@@ -150,7 +157,7 @@ int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a
 bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1) {
     const int mode = mi_mmvq_mode();
     const int64_t nchunks = w0->n_cols / 32;
-    return mi_mmvq_mixed_pair(w0->type, w1->type) && w0->n_cols == w1->n_cols && (mode == 0 || mode == 3) &&
+    return mi_mmvq_mixed_pair(w0->type, w1->type) && w0->n_cols == w1->n_cols && (mode == 0 || mode == 3 || mode == 4) &&
            mi_mmvq_warps(mode, nchunks, w0->n_rows) == 0 && mi_mmvq_warps(mode, nchunks, w1->n_rows) == 0 &&
            w0->n_rows % mi_rows_per_block(nchunks) == 0;
 }

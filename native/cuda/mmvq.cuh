@@ -39,7 +39,7 @@ struct mi_mmvq_out {
     const float *rope_cs;
 };
 // Whether a q/k/v launch over rows of n_cols columns can take the fused RoPE epilogue (the block
-// kernel with an even number of rows per block: MI_CUDA_MMVQ 0, or 3 = the default, for rows of <= 128 chunks).
+// kernel with an even number of rows per block: MI_CUDA_MMVQ 0, 3 = the default, or 4, for rows of <= 128 chunks).
 bool mi_cuda_mmvq_can_rope(int64_t n_cols);
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s);

@@ -314,7 +314,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
         mi_mmvq_block<T1, NT, false>(w1, nullptr, row_bytes1, n_rows0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
 }
 
-// Warp-per-row kernel (MI_CUDA_MMVQ=1 or 2; the block kernel above is the default): each warp owns one row, lane l takes
+// Warp-per-row kernel (MI_CUDA_MMVQ=1 or 2; by default for rows of > 128 chunks in matrices of >= 4096 rows,
+// mmvq.cu's mi_mmvq_warps; the block kernel above otherwise): each of the row's wpr warps, lane l, takes
 // chunks l, l + 32, l + 64, ... in order and accumulates them in f32, then a warp butterfly; no
 // shared memory or block barrier. U chunks per lane are loaded before any is used so that U
 // independent weight loads per lane are in flight; U only changes scheduling, never the order of
