@@ -145,6 +145,23 @@ def test_mmvq_mma_rows_bitwise_equal_to_one_row(n_rows, n_cols, mmvq, monkeypatc
     assert core.mmvq_mma_launches() == n0 + 7
 
 
+def test_mmvq_mma_default_threshold_by_kernel(monkeypatch):
+    """MI_CUDA_MMVQ_MMA unset: the tensor-core kernel serves groups of >= 5 rows of a block-kernel
+    matrix and >= 8 of a warp-kernel one (mmvq.cu: MI_MMVQ_MMA_DEFAULT / _WARP_DEFAULT); the
+    launch counter shows which ran, and the rows are the nt = 1 bits either way."""
+    monkeypatch.delenv("MI_CUDA_MMVQ_MMA", raising=False)
+    monkeypatch.delenv("MI_CUDA_MMVQ", raising=False)
+    for n_rows, n_cols, first in ((64, 1536, 5), (4096, 5120, 8)):
+        rng = np.random.default_rng(n_rows + 3)
+        w = bg.random_weights(rng, bg.Q4_K, n_rows, n_cols)
+        x = rng.standard_normal((8, n_cols)).astype(np.float32)
+        ones = np.concatenate([matmul(1, bg.Q4_K, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])
+        for nt in range(2, 9):
+            n0 = core.mmvq_mma_launches()
+            assert np.array_equal(matmul(1, bg.Q4_K, w, n_rows, n_cols, x[:nt]), ones[:nt]), (n_rows, nt)
+            assert (core.mmvq_mma_launches() - n0) == (1 if nt >= first else 0), (n_rows, nt)
+
+
 @pytest.mark.parametrize("split", ["0", "1", "2", None])
 @pytest.mark.parametrize("n_rows,n_cols,mmvq", MMA_SHAPES)
 def test_mmvq_mma_launch_shapes_bitwise(n_rows, n_cols, mmvq, split, monkeypatch):

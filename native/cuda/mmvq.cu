@@ -72,10 +72,15 @@ static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
 // 7B 3.992 -> 3.914, 14B 8.542 -> 8.357; it lost on the 14B in session 14, before the one-phase
 // loads of session 15). The bits are the same either way, so the threshold may depend on nt (and on
 // the matrix: a lower one for the matrices that split only, tried in session 21, gained less).
+// Unset, matrices on the warp kernel (a.warp > 0: the 14B shape's, 2 / 4 warps a row since session
+// 22) take it from MI_MMVQ_MMA_WARP_DEFAULT rows: there the dp4a rows won up to 7 (14B shape, GPU ms
+// a forward, dp4a / tensor cores: nt = 5 7.736 / 8.315, 6 8.513 / 8.836, 7 9.358 / 9.467, 8 10.700 /
+// 10.046; session 22).
 #define MI_MMVQ_MMA_DEFAULT 5
-static int mi_mmvq_mma_from() {
+#define MI_MMVQ_MMA_WARP_DEFAULT 8
+static int mi_mmvq_mma_from(bool warp_kernel) {
     const char *ev = getenv("MI_CUDA_MMVQ_MMA");
-    if (!ev) return MI_MMVQ_MMA_DEFAULT;
+    if (!ev) return warp_kernel ? MI_MMVQ_MMA_WARP_DEFAULT : MI_MMVQ_MMA_DEFAULT;
     if (ev[0] == '0' && ev[1] == 0) return 0;
     return ev[0] >= '2' && ev[0] <= '8' && ev[1] == 0 ? ev[0] - '0' : -1;
 }
@@ -128,7 +133,7 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     const int mode = mi_mmvq_mode();
     if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2, 3 or 4", getenv("MI_CUDA_MMVQ"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows);
-    const int mma_from = mi_mmvq_mma_from();
+    const int mma_from = mi_mmvq_mma_from(a.warp > 0);
     if (mma_from < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA=%s: want 0 (off) or 2..8 (fewest activation rows)",
                             getenv("MI_CUDA_MMVQ_MMA"));
