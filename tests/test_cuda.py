@@ -940,7 +940,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 
 
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
-                                     ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"),
+                                     ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"), ("MI_CUDA_NORM_PRE", "8"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_PAIR", "2"),
