@@ -105,6 +105,28 @@ def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
         monkeypatch.delenv("MI_CUDA_MMVQ")
 
 
+@pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K], ids=lambda t: bg.NAMES[t])
+def test_mmvq_warp_rows_bound(typ, monkeypatch):
+    """MI_CUDA_MMVQ_WARP_ROWS=1024 (mmvq.cu: the fewest rows for the warp kernel, default 4,096)
+    moves 1,536-row matrices of > 128-chunk rows to it. Rows of 280 chunks (the 1.5B shape's
+    ffn_down) then take 4 warps a row, the block kernel's slots, butterfly and warp order: the same
+    bits at every nt. Rows of 152 chunks take 2 warps (tpr 64 against the block kernel's 128):
+    other bits, which shows the bound moved the kernel."""
+    monkeypatch.delenv("MI_CUDA_MMVQ", raising=False)
+    monkeypatch.delenv("MI_CUDA_MMVQ_WARP_ROWS", raising=False)
+    rng = np.random.default_rng(typ + 77)
+    n_rows = 1536
+    for n_cols, same in ((8960, True), (256 * 19, False)):
+        w = bg.random_weights(rng, typ, n_rows, n_cols)
+        x = rng.standard_normal((8, n_cols)).astype(np.float32)
+        ref = {nt: matmul(1, typ, w, n_rows, n_cols, x[:nt]) for nt in (1, 2, 4, 5, 8)}
+        monkeypatch.setenv("MI_CUDA_MMVQ_WARP_ROWS", "1024")
+        for nt, y in ref.items():
+            assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), y) == same, (n_cols, nt)
+        assert nmse(matmul(1, typ, w, n_rows, n_cols, x), matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
+        monkeypatch.delenv("MI_CUDA_MMVQ_WARP_ROWS")
+
+
 # Shapes by the nt = 1 kernel's threads a row (tpr), which the tensor-core verify kernel replays:
 # 48 chunks a row: 32 (4 rows a block); 112: 64; 280: 128 (slots of 2 and 3 chunks); 160 chunks x
 # >= 4096 rows: the warp kernel, 2 warps (64), or under MI_CUDA_MMVQ=4 one warp (32); 288 chunks x
@@ -941,6 +963,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"), ("MI_CUDA_NORM_PRE", "8"),
+                                     ("MI_CUDA_MMVQ_WARP_ROWS", "0"), ("MI_CUDA_MMVQ_WARP_ROWS", "4k"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_PAIR", "2"),

@@ -51,14 +51,26 @@ static int mi_mmvq_mode() {
 // 10.001): the verify rows read each weight block with 2-4x the warps, and the tensor-core verify
 // kernel replays tpr 64 / 128, which it splits over clusters. A function of the matrix only,
 // never of nt, so rows stay bitwise equal across nt.
-static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows) {
+// The 4096 is MI_CUDA_MMVQ_WARP_ROWS where set (A/B timing). Rows of > 256 chunks get the same bits
+// from the warp kernel's 4 warps as from the block kernel (one row a block, tpr 128: the same slots,
+// butterfly and warp order), so for them the bound is a speed choice only; not measured yet for
+// the 1.5B / 7B shapes' ffn_down (1,536 / 3,584 rows), which it would move.
+#define MI_MMVQ_WARP_ROWS 4096
+static int64_t mi_mmvq_warp_rows() { // -1 when malformed
+    const char *ev = getenv("MI_CUDA_MMVQ_WARP_ROWS");
+    if (!ev) return MI_MMVQ_WARP_ROWS;
+    char *end = nullptr;
+    const long v = strtol(ev, &end, 10);
+    return end == ev || *end || v < 1 ? -1 : v;
+}
+static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows, int64_t warp_rows) {
     const int by_len = nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
     switch (mode) {
     case 0: return 0;
     case 1: return 1;
     case 2: return by_len;
-    case 4: return nchunks > 128 && n_rows >= 4096 ? 1 : 0;
-    default: return nchunks > 128 && n_rows >= 4096 ? by_len : 0;
+    case 4: return nchunks > 128 && n_rows >= warp_rows ? 1 : 0;
+    default: return nchunks > 128 && n_rows >= warp_rows ? by_len : 0;
     }
 }
 
@@ -132,7 +144,10 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     // Quantized weights: MI_CUDA_MMVQ picks the kernel (mi_mmvq_warps).
     const int mode = mi_mmvq_mode();
     if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2, 3 or 4", getenv("MI_CUDA_MMVQ"));
-    a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows);
+    const int64_t warp_rows = mi_mmvq_warp_rows();
+    if (warp_rows < 0)
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_WARP_ROWS=%s: want a row count >= 1", getenv("MI_CUDA_MMVQ_WARP_ROWS"));
+    a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows, warp_rows);
     const int mma_from = mi_mmvq_mma_from(a.warp > 0);
     if (mma_from < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA=%s: want 0 (off) or 2..8 (fewest activation rows)",
@@ -163,7 +178,8 @@ bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1) {
     const int mode = mi_mmvq_mode();
     const int64_t nchunks = w0->n_cols / 32;
     return mi_mmvq_mixed_pair(w0->type, w1->type) && w0->n_cols == w1->n_cols && (mode == 0 || mode == 3 || mode == 4) &&
-           mi_mmvq_warps(mode, nchunks, w0->n_rows) == 0 && mi_mmvq_warps(mode, nchunks, w1->n_rows) == 0 &&
+           mi_mmvq_warps(mode, nchunks, w0->n_rows, mi_mmvq_warp_rows()) == 0 &&
+           mi_mmvq_warps(mode, nchunks, w1->n_rows, mi_mmvq_warp_rows()) == 0 &&
            w0->n_rows % mi_rows_per_block(nchunks) == 0;
 }
 
