@@ -964,6 +964,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"), ("MI_CUDA_NORM_PRE", "8"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "0"), ("MI_CUDA_MMVQ_WARP_ROWS", "4k"),
+                                     ("MI_CUDA_MMVQ_WARP_ROWS", "+12"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_PAIR", "2"),
@@ -980,7 +981,8 @@ def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
         make_ctx(small_model(11), 1)
 
 
-@pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM"])
+@pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
+                                 "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):
     """VAR= (empty, as `bench/depth.py --env VAR=,1` sets it) means the default, not an error."""
     model = small_model(11)

@@ -544,6 +544,10 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         free(c);
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_NORM_PRE=%s: want 0 (by row width) or 4 (the choice before)", ne);
     }
+    if (mi_cuda_mmvq_warp_rows() < 0) {
+        free(c);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_WARP_ROWS=%s: want a row count >= 1", getenv("MI_CUDA_MMVQ_WARP_ROWS"));
+    }
     const char *pe2 = getenv("MI_CUDA_ATTN_PAIR");
     if (pe2 && pe2[0] && strcmp(pe2, "0") != 0 && strcmp(pe2, "1") != 0) {
         free(c);

@@ -1,5 +1,6 @@
 // MMVQ host side: picks the kernel variant and the weight type's launcher (mmvq_kernels.cuh,
 // compiled once per type from the generated mmvq_<type>.cu files), in groups of <= 8 rows.
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include "mmvq.cuh"
@@ -42,8 +43,10 @@ static int mi_mmvq_mode() {
 // 350 / 340 tok/s, 1.5B 688 vs 619 / 629), 1 = one warp per row (fastest at nt = 8 then: 7B 1454
 // vs 1275 batch tok/s; 14B nt = 1 175 vs 165), 2 = 1, 2 or 4 warps per row by row length (2 for
 // rows of 129..256 chunks, 4 above), 3 (default) = by matrix shape: for rows of > 128 chunks in
-// matrices of >= 4096 rows mode 2's 2 or 4 warps a row, the block kernel otherwise; 4 = mode 3 as
-// it was until session 22, one warp a row there (14B shape tg 194.3 -> 199.0, nt = 8 542.8 -> 649.5
+// matrices of >= 4096 rows mode 2's 2 or 4 warps a row, the block kernel otherwise; 4 = mode 3's
+// kernel choice as it was until session 22, one warp a row there (its speed at nt = 5..7 also
+// differs from then: warp-kernel matrices now take the tensor-core kernel from 8 rows unless
+// MI_CUDA_MMVQ_MMA is set, mi_mmvq_mma_from) (14B shape tg 194.3 -> 199.0, nt = 8 542.8 -> 649.5
 // tok/s against the block kernel in session 4; every row of > 128 chunks on the warp kernel lost
 // 8% / 4% at nt = 1 on the 1.5B / 7B shapes' ffn_down, 1,536 / 3,584 rows). 2 / 4 warps against 1
 // (session 22, 14B shape, the only one with such matrices, GPU ms a forward at nt = 1..6, 8: 4.884 /
@@ -56,12 +59,12 @@ static int mi_mmvq_mode() {
 // butterfly and warp order), so for them the bound is a speed choice only; not measured yet for
 // the 1.5B / 7B shapes' ffn_down (1,536 / 3,584 rows), which it would move.
 #define MI_MMVQ_WARP_ROWS 4096
-static int64_t mi_mmvq_warp_rows() { // -1 when malformed
+int64_t mi_cuda_mmvq_warp_rows(void) { // -1 when malformed; empty = unset
     const char *ev = getenv("MI_CUDA_MMVQ_WARP_ROWS");
-    if (!ev) return MI_MMVQ_WARP_ROWS;
+    if (!ev || !ev[0]) return MI_MMVQ_WARP_ROWS;
     char *end = nullptr;
     const long v = strtol(ev, &end, 10);
-    return end == ev || *end || v < 1 ? -1 : v;
+    return ev[0] < '0' || ev[0] > '9' || *end || v < 1 || v > INT_MAX ? -1 : v;
 }
 static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows, int64_t warp_rows) {
     const int by_len = nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
@@ -144,7 +147,7 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     // Quantized weights: MI_CUDA_MMVQ picks the kernel (mi_mmvq_warps).
     const int mode = mi_mmvq_mode();
     if (mode < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ=%s: want 0, 1, 2, 3 or 4", getenv("MI_CUDA_MMVQ"));
-    const int64_t warp_rows = mi_mmvq_warp_rows();
+    const int64_t warp_rows = mi_cuda_mmvq_warp_rows();
     if (warp_rows < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_WARP_ROWS=%s: want a row count >= 1", getenv("MI_CUDA_MMVQ_WARP_ROWS"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows, warp_rows);
@@ -177,9 +180,10 @@ int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a
 bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1) {
     const int mode = mi_mmvq_mode();
     const int64_t nchunks = w0->n_cols / 32;
-    return mi_mmvq_mixed_pair(w0->type, w1->type) && w0->n_cols == w1->n_cols && (mode == 0 || mode == 3 || mode == 4) &&
-           mi_mmvq_warps(mode, nchunks, w0->n_rows, mi_mmvq_warp_rows()) == 0 &&
-           mi_mmvq_warps(mode, nchunks, w1->n_rows, mi_mmvq_warp_rows()) == 0 &&
+    return mi_cuda_mmvq_warp_rows() > 0 && mi_mmvq_mixed_pair(w0->type, w1->type) && w0->n_cols == w1->n_cols &&
+           (mode == 0 || mode == 3 || mode == 4) &&
+           mi_mmvq_warps(mode, nchunks, w0->n_rows, mi_cuda_mmvq_warp_rows()) == 0 &&
+           mi_mmvq_warps(mode, nchunks, w1->n_rows, mi_cuda_mmvq_warp_rows()) == 0 &&
            w0->n_rows % mi_rows_per_block(nchunks) == 0;
 }
 

@@ -41,6 +41,9 @@ struct mi_mmvq_out {
 // Whether a q/k/v launch over rows of n_cols columns can take the fused RoPE epilogue (the block
 // kernel with an even number of rows per block: MI_CUDA_MMVQ 0, 3 = the default, or 4, for rows of <= 128 chunks).
 bool mi_cuda_mmvq_can_rope(int64_t n_cols);
+// MI_CUDA_MMVQ_WARP_ROWS (A/B timing, read at every call; default 4096): the fewest rows a matrix of
+// > 128-chunk rows needs for the warp kernel by default; -1 when malformed (context creation refuses it).
+int64_t mi_cuda_mmvq_warp_rows(void);
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s);
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
