@@ -940,11 +940,14 @@ def test_attention_row_pairs_bitwise(shape, P, splits, n_batch, monkeypatch):
     assert np.array_equal(lp, ln)
 
 
-def test_norm_row_in_registers_changes_no_bit(monkeypatch):
-    """The norm holds a whole row of up to 8,192 in registers (norm.cu, mi_norm_pre);
-    MI_CUDA_NORM_PRE=4 (the choice before) reads the rest of a 5,120-wide row (the 14B's) again
-    after the reduction. The additions are the same, so the logits are the same bits."""
-    model = small_model(12, n_layer=1, n_embd=5120, n_ff=512, n_head=40, n_head_kv=8, head_dim=128)
+@pytest.mark.parametrize("n_embd", [1536, 5120])
+def test_norm_row_in_registers_changes_no_bit(n_embd, monkeypatch):
+    """The norm holds a whole row of up to 8,192 in registers (norm.cu, mi_norm_pre: 2 chunks a warp
+    for 1,536, 8 for 5,120); MI_CUDA_NORM_PRE=4 (the choice before) holds 4, and reads the rest of a
+    5,120-wide row (the 14B's) again after the reduction. The additions are the same, so the logits
+    are the same bits."""
+    kv = 2 if n_embd == 1536 else 8  # the 1.5B's and the 14B's head layouts
+    model = small_model(12, n_layer=1, n_embd=n_embd, n_ff=512, n_head=n_embd // 128, n_head_kv=kv, head_dim=128)
     out = batch_under_env(monkeypatch, "MI_CUDA_NORM_PRE", ("4", "0"), model, [3, 1, 4, 1, 5], [9, 2, 6])
     assert np.std(out[0][0]) > 0.1
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
