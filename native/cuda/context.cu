@@ -539,10 +539,10 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
                        : te && strcmp(te, "0") == 0                                       ? INT_MAX
                        : te && strcmp(te, "1") == 0                                       ? 0
                                                                                           : (int)mma_from;
-    const char *ne = getenv("MI_CUDA_NORM_PRE"); // read by norm.cu at each launch; refused here, clearly
-    if (ne && ne[0] && strcmp(ne, "0") != 0 && strcmp(ne, "4") != 0) {
+    if (mi_cuda_norm_pre_env() < 0) { // read by norm.cu at each launch; refused here, clearly
         free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_NORM_PRE=%s: want 0 (by row width) or 4 (the choice before)", ne);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_NORM_PRE=%s: want 0 (by row width) or 4 (the choice before)",
+                            getenv("MI_CUDA_NORM_PRE"));
     }
     if (mi_cuda_mmvq_warp_rows() < 0) {
         free(c);

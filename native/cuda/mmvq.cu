@@ -179,11 +179,10 @@ int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a
 
 bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1) {
     const int mode = mi_mmvq_mode();
-    const int64_t nchunks = w0->n_cols / 32;
-    return mi_cuda_mmvq_warp_rows() > 0 && mi_mmvq_mixed_pair(w0->type, w1->type) && w0->n_cols == w1->n_cols &&
-           (mode == 0 || mode == 3 || mode == 4) &&
-           mi_mmvq_warps(mode, nchunks, w0->n_rows, mi_cuda_mmvq_warp_rows()) == 0 &&
-           mi_mmvq_warps(mode, nchunks, w1->n_rows, mi_cuda_mmvq_warp_rows()) == 0 &&
+    const int64_t nchunks = w0->n_cols / 32, warp_rows = mi_cuda_mmvq_warp_rows();
+    return warp_rows > 0 && mi_mmvq_mixed_pair(w0->type, w1->type) && w0->n_cols == w1->n_cols &&
+           (mode == 0 || mode == 3 || mode == 4) && mi_mmvq_warps(mode, nchunks, w0->n_rows, warp_rows) == 0 &&
+           mi_mmvq_warps(mode, nchunks, w1->n_rows, warp_rows) == 0 &&
            w0->n_rows % mi_rows_per_block(nchunks) == 0;
 }
 

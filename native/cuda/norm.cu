@@ -92,12 +92,18 @@ __global__ void mi_swiglu_kernel(const float *__restrict__ g, const float *__res
 }
 } // namespace
 
+int mi_cuda_norm_pre_env(void) {
+    const char *e = getenv("MI_CUDA_NORM_PRE");
+    if (!e || !e[0] || strcmp(e, "0") == 0) return 0;
+    return strcmp(e, "4") == 0 ? 4 : -1;
+}
+
 // Chunks per warp the norm holds in registers for rows of n: the whole row up to 8,192 wide (the
 // 14B's 5,120 took a second round trip with the fixed 4 before); MI_CUDA_NORM_PRE=4 forces the old
-// choice (A/B timing). Read at each launch, so a captured graph keeps what was set at capture.
+// choice (A/B timing). Read at each launch, so a captured graph keeps what was set at capture; a
+// malformed value is refused at context creation and means "by width" here.
 static int mi_norm_pre(int n) {
-    const char *e = getenv("MI_CUDA_NORM_PRE");
-    if (e && strcmp(e, "4") == 0) return 4;
+    if (mi_cuda_norm_pre_env() == 4) return 4;
     return n <= 2048 ? 2 : n <= 4096 ? 4 : 8;
 }
 
