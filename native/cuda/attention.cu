@@ -195,7 +195,7 @@ __device__ __forceinline__ void mi_attn_merge(const float *__restrict__ part, in
                                               float *__restrict__ att, mi_block_q8a *__restrict__ xq, int lane) {
     constexpr int HD = DPL * 32;
     const int qd = n_head * HD;
-    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
+    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_MMA_SPLITS * (HD + 2);
     const float m0 = lane < n_used ? __ldcg(p + lane * (HD + 2)) : -INFINITY;
     const float m1 = lane + 32 < n_used ? __ldcg(p + (lane + 32) * (HD + 2)) : -INFINITY;
     const float l0 = lane < n_used ? __ldcg(p + lane * (HD + 2) + 1) : 0.0f;
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
         float a = 0.0f;
 #pragma unroll
         for (int w = 0; w < MI_ATTN_WARPS; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[hh][w][dd], sm_e[hh][w]));
-        float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
+        float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_MMA_SPLITS + s) * (HD + 2);
         out[2 + dd] = a;
         if (dd == 0) {
             float L = 0.0f;
@@ -604,7 +604,7 @@ __global__ void __launch_bounds__(NW * 32)
                 float a = 0.0f;
 #pragma unroll
                 for (int w = 0; w < NW; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][hh][dd], sm_e[w][hh]));
-                float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
+                float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_MMA_SPLITS + s) * (HD + 2);
                 out[2 + dd] = a;
                 if (dd == 0) {
                     float L = 0.0f;
@@ -723,7 +723,7 @@ __global__ void __launch_bounds__(4 * HD)
     mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head, int tile,
                            int max_splits, int combine_from, float *__restrict__ att, mi_block_q8a *__restrict__ xq,
                            int lo, int hi) {
-    constexpr int Q = 4, SPQ = MI_ATTN_SPLITS / Q;
+    constexpr int Q = 4, SPQ = MI_ATTN_MMA_SPLITS / Q;
     const int h = blockIdx.x, t = blockIdx.y, q = threadIdx.x / HD, dd = threadIdx.x % HD;
     const bool mine = pos[t] >= lo && pos[t] < hi;
     int S, n_used;
@@ -731,24 +731,25 @@ __global__ void __launch_bounds__(4 * HD)
     mi_pdl_wait();
     mi_pdl_trigger();
     if (!mine || n_used < combine_from) return;
-    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
-    float mk[SPQ], lk[SPQ], v[SPQ];
+    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_MMA_SPLITS * (HD + 2);
+    // The maxima first (SPQ registers), then L and acc streamed in the same order: all three arrays
+    // at once took 3 x 32 registers with 128 splits and spilled (512 threads: 128 registers at most).
+    float mk[SPQ];
 #pragma unroll
     for (int i = 0; i < SPQ; i++) {
         const int sp = i * Q + q;
-        const bool ok = sp < n_used;
-        mk[i] = ok ? __ldcg(p + sp * (HD + 2)) : -INFINITY;
-        lk[i] = ok ? __ldcg(p + sp * (HD + 2) + 1) : 0.0f;
-        v[i] = ok ? __ldcg(p + sp * (HD + 2) + 2 + dd) : 0.0f;
+        mk[i] = sp < n_used ? __ldcg(p + sp * (HD + 2)) : -INFINITY;
     }
     float M = -INFINITY, a = 0.0f, L = 0.0f;
 #pragma unroll
     for (int i = 0; i < SPQ; i++) M = fmaxf(M, mk[i]);
 #pragma unroll
     for (int i = 0; i < SPQ; i++) {
-        const float e = i * Q + q < n_used ? expf(mk[i] - M) : 0.0f; // a used split's max is finite
-        a = __fadd_rn(a, __fmul_rn(v[i], e));
-        L = __fadd_rn(L, __fmul_rn(lk[i], e));
+        const int sp = i * Q + q;
+        if (sp >= n_used) continue; // it would add (+0) x 0 = +0 to sums that start at +0: no bit
+        const float e = expf(mk[i] - M); // a used split's max is finite
+        a = __fadd_rn(a, __fmul_rn(__ldcg(p + sp * (HD + 2) + 2 + dd), e));
+        L = __fadd_rn(L, __fmul_rn(__ldcg(p + sp * (HD + 2) + 1), e));
     }
     __shared__ float sM[Q], sL[Q], sA[Q][HD];
     sA[q][dd] = a;
@@ -864,8 +865,12 @@ int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cac
         return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
     if (hd % 32 || hd < 32 || hd > 256)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: head_dim %d not a multiple of 32 up to 256", hd);
-    if (max_splits < 1 || max_splits > MI_ATTN_SPLITS)
-        return mi_set_error(MI_ERR_ARG, "CUDA attention: max_splits %d outside 1..%d", max_splits, MI_ATTN_SPLITS);
+    const int cap = group == 2 ? MI_ATTN_MMA_SPLITS : MI_ATTN_SPLITS;
+    if (max_splits < 1 || max_splits > cap)
+        return mi_set_error(MI_ERR_ARG, "CUDA attention: max_splits %d outside 1..%d", max_splits, cap);
+    // The tensor-core kernel's last-block merge (mi_attn_merge) holds 64 splits: rows of more go
+    // to the combine launch whatever the caller asked.
+    if (combine_from > MI_ATTN_SPLITS + 1) combine_from = MI_ATTN_SPLITS + 1;
     if (group == 2 && !mi_cuda_attention_mma_applies(n_head, n_head_kv, hd))
         return mi_set_error(MI_ERR_ARG, "CUDA attention: no tensor-core kernel for head_dim %d, %d query heads per KV head",
                             hd, n_head / n_head_kv);
