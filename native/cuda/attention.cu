@@ -711,19 +711,22 @@ __global__ void __launch_bounds__(NW * 32)
 
 // The tensor-core kernel's split merge as a launch of its own, for rows of >= combine_from splits
 // (context.cu: every row for models with <= 2 KV heads on the H200, else none; the kernel's last
-// block merges the others, as mi_attn_kernel does). Block = (query head h, row t), 4 x HD
-// threads: thread (q, dd) loads the M, L and acc[dd] of splits q, q + 4, .. (16 at most), all in
-// flight at once, and merges them; then the 4 quarters are merged in order and the output
+// block merges the others, as mi_attn_kernel does). Block = (query head h, row t), Q x HD
+// threads: thread (q, dd) loads the M, L and acc[dd] of splits q, q + Q, .. (16 at most), all in
+// flight at once, and merges them; then the Q parts are merged in order and the output
 // quantized. So the merge is one round of loads spread over n_head blocks, where the last-block
 // merge is a fence, a counter and five dependent rounds in one block (~5-7 us a layer at 4k-16k on
-// the 1.5B shape: docs/perf.md, session 8). Splits: those of mi_attn_mma_kernel (tile, max_splits,
-// pos[t]), merged in a fixed order: rows stay bitwise equal across nt.
-template <int HD>
-__global__ void __launch_bounds__(4 * HD)
+// the 1.5B shape: docs/perf.md, session 8). Q = 4 up to 64 splits, 8 up to 128 (16 splits a thread
+// either way: 32 a thread spilled and cost the 1.5B shape ~3 us a layer at 16k, session 23).
+// Splits: those of mi_attn_mma_kernel (tile, max_splits, pos[t]), Q by max_splits, merged in a
+// fixed order: rows stay bitwise equal across nt.
+template <int HD, int Q>
+__global__ void __launch_bounds__(Q * HD)
     mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head, int tile,
                            int max_splits, int combine_from, float *__restrict__ att, mi_block_q8a *__restrict__ xq,
                            int lo, int hi) {
-    constexpr int Q = 4, SPQ = MI_ATTN_MMA_SPLITS / Q;
+    constexpr int SPQ = 16;
+    static_assert(Q * SPQ <= MI_ATTN_MMA_SPLITS, "more splits than the partials' stride");
     const int h = blockIdx.x, t = blockIdx.y, q = threadIdx.x / HD, dd = threadIdx.x % HD;
     const bool mine = pos[t] >= lo && pos[t] < hi;
     int S, n_used;
@@ -732,24 +735,23 @@ __global__ void __launch_bounds__(4 * HD)
     mi_pdl_trigger();
     if (!mine || n_used < combine_from) return;
     const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_MMA_SPLITS * (HD + 2);
-    // The maxima first (SPQ registers), then L and acc streamed in the same order: all three arrays
-    // at once took 3 x 32 registers with 128 splits and spilled (512 threads: 128 registers at most).
-    float mk[SPQ];
+    float mk[SPQ], lk[SPQ], v[SPQ];
 #pragma unroll
     for (int i = 0; i < SPQ; i++) {
         const int sp = i * Q + q;
-        mk[i] = sp < n_used ? __ldcg(p + sp * (HD + 2)) : -INFINITY;
+        const bool ok = sp < n_used;
+        mk[i] = ok ? __ldcg(p + sp * (HD + 2)) : -INFINITY;
+        lk[i] = ok ? __ldcg(p + sp * (HD + 2) + 1) : 0.0f;
+        v[i] = ok ? __ldcg(p + sp * (HD + 2) + 2 + dd) : 0.0f;
     }
     float M = -INFINITY, a = 0.0f, L = 0.0f;
 #pragma unroll
     for (int i = 0; i < SPQ; i++) M = fmaxf(M, mk[i]);
 #pragma unroll
     for (int i = 0; i < SPQ; i++) {
-        const int sp = i * Q + q;
-        if (sp >= n_used) continue; // it would add (+0) x 0 = +0 to sums that start at +0: no bit
-        const float e = expf(mk[i] - M); // a used split's max is finite
-        a = __fadd_rn(a, __fmul_rn(__ldcg(p + sp * (HD + 2) + 2 + dd), e));
-        L = __fadd_rn(L, __fmul_rn(__ldcg(p + sp * (HD + 2) + 1), e));
+        const float e = i * Q + q < n_used ? expf(mk[i] - M) : 0.0f; // a used split's max is finite
+        a = __fadd_rn(a, __fmul_rn(v[i], e));
+        L = __fadd_rn(L, __fmul_rn(lk[i], e));
     }
     __shared__ float sM[Q], sL[Q], sA[Q][HD];
     sA[q][dd] = a;
@@ -765,7 +767,7 @@ __global__ void __launch_bounds__(4 * HD)
     float A = 0.0f, LT = 0.0f;
 #pragma unroll
     for (int k = 0; k < Q; k++) {
-        const float e = sM[k] == -INFINITY ? 0.0f : expf(sM[k] - MT); // a quarter without splits adds 0
+        const float e = sM[k] == -INFINITY ? 0.0f : expf(sM[k] - MT); // a part without splits adds 0
         A = __fadd_rn(A, __fmul_rn(sA[k][dd], e));
         LT = __fadd_rn(LT, __fmul_rn(sL[k], e));
     }
@@ -816,7 +818,11 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
                                  0);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
-            return mi_launch(mi_attn_combine_kernel<DPL * 32>, dim3(a.n_head, a.nt), 4 * DPL * 32, s, a.part, a.pos,
+            const dim3 cg(a.n_head, a.nt);
+            if (a.max_splits <= 4 * 16)
+                return mi_launch(mi_attn_combine_kernel<DPL * 32, 4>, cg, 4 * DPL * 32, s, a.part, a.pos,
+                                 a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
+            return mi_launch(mi_attn_combine_kernel<DPL * 32, 8>, cg, 8 * DPL * 32, s, a.part, a.pos,
                              a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
         }
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
