@@ -6,11 +6,16 @@ one-token forward there (its CUDA graph replayed back to back: gpu_replay_ms, no
 Contexts of the values are built in turn and measured at the same depths, so compare columns.
 
     python3 bench/depth.py [--models 1.5b] [--depths 0,1024,4096,16384] [--env MI_CUDA_ATTN_GROUP=0,1]
+
+--digest also prints, at every depth, a sha256 prefix of the f32 logits of a one-row forward and
+of a 4-row verify forward there: equal digests from two builds (bench/ab_builds.sh) mean the
+builds' forwards are bitwise equal on that model and depth.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 
 import numpy as np
@@ -26,6 +31,7 @@ def main() -> None:
     ap.add_argument("--depths", default="0,1024,4096,16384")
     ap.add_argument("--env", default="", metavar="VAR=V1,V2", help="values to compare (default: none)")
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--digest", action="store_true", help="print a sha256 prefix of the logits at each depth")
     args = ap.parse_args()
     if args.env and ("=" not in args.env or not args.env.split("=", 1)[1]):
         ap.error(f"--env wants VAR=V1,V2,..., got {args.env!r}")
@@ -55,6 +61,14 @@ def main() -> None:
                     filled = d
                 ctx.forward(np.array([7], np.int32), np.array([d], np.int32), row0, argmax=am)
                 ms.append(ctx.gpu_replay_ms(1, args.reps))
+                if args.digest:
+                    h = hashlib.sha256()
+                    for nt in (1, 4):
+                        lg = np.empty((nt, cfg["n_vocab"]), np.float32)
+                        toks = np.arange(7, 7 + nt, dtype=np.int32)
+                        ctx.forward(toks, np.arange(d, d + nt, dtype=np.int32), np.arange(nt, dtype=np.int32), logits=lg)
+                        h.update(lg.tobytes())
+                    print(f"digest {name} {var}={v} depth {d}: {h.hexdigest()[:16]}")
             ctx.close()
             res[v] = ms
         head = " | ".join(f"{var}={v}" if var else "ms" for v in vals)

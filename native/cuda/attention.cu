@@ -374,38 +374,40 @@ __device__ __forceinline__ void mi_attn_q_frags(const float *const (&qrow)[2], i
     }
 }
 
-// One 16-slot tile j0 .. j0 + 15 of the tensor-core attention for this lane's fragment rows gid
-// (row 0) and gid + 8 (row 1): scores S = Q K^T (hi and lo parts of Q), slots j >= bound[r] of row r
-// masked, the online-softmax update of m, l (this lane's columns) and the output accumulators o,
-// then o += P V with P split hi / lo after scaling by 2^12 (o is scaled back by the caller). K / V
-// rows past k1 - 1 are clamped to it (masked anyway, and a clamped row is a written, finite one).
-// kc / vc: this KV head's first element (cache + g * HD), rows kvd halves apart. Shared by the
-// decode kernel (rows = query heads of one position: one bound, every tile holds a visible slot)
-// and the prefill kernel (rows = 16 positions, a bound each: a row may have seen no slot yet,
-// EMPTY_ROWS guards its weights).
-template <int HD, bool EMPTY_ROWS>
-__device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4], const uint32_t (&ql)[HD / 16][4],
-                                                 const __half *kc, const __half *vc, int kvd, int j0, int k1,
-                                                 const int (&bound)[2], float scale, int gid, int tig,
-                                                 float (&o)[HD / 8][4], float (&m)[2], float (&l)[2]) {
-    constexpr int NV = HD / 64;
-    // K rows j0 + 8nt + gid (n-tile nt), V rows j0 + {2tig, 2tig+1, 8+2tig, 9+2tig}.
-    uint4 kr[2][HD / 32], vr[4][NV];
+// K / V fragments of one 16-slot tile j0 .. j0 + 15 of the tensor-core attention: K rows j0 + 8nt +
+// gid (n-tile nt), halves d = 32c + 8tig .. + 7 (kr[nt][c]); V rows j0 + {2tig, 2tig+1, 8+2tig,
+// 9+2tig} (vr[r]), halves d = 64mm + 8gid .. + 7 (vr[r][mm]). Rows past k1 - 1 are clamped to it
+// (masked anyway, and a clamped row is a written, finite one). kc / vc: this KV head's first
+// element (cache + g * HD), rows kvd halves apart.
+template <int HD>
+__device__ __forceinline__ void mi_attn_mma_load_k(const __half *kc, int kvd, int j0, int k1, int gid, int tig,
+                                                   uint4 (&kr)[2][HD / 32]) {
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) {
         const __half *row = kc + (int64_t)min(j0 + 8 * nt + gid, k1 - 1) * kvd + 8 * tig;
 #pragma unroll
         for (int c = 0; c < HD / 32; c++) kr[nt][c] = *(const uint4 *)(row + 32 * c);
     }
+}
+template <int HD>
+__device__ __forceinline__ void mi_attn_mma_load_v(const __half *vc, int kvd, int j0, int k1, int gid, int tig,
+                                                   uint4 (&vr)[4][HD / 64]) {
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const __half *row = vc + (int64_t)min(j0 + 8 * (r >> 1) + 2 * tig + (r & 1), k1 - 1) * kvd + 8 * gid;
 #pragma unroll
-        for (int mm = 0; mm < NV; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
+        for (int mm = 0; mm < HD / 64; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
     }
+}
+
+// Raw scores S = Q K^T of one tile (hi and lo parts of Q): sc[nt][2r + e] is fragment row gid + 8r,
+// slot j0 + 8nt + 2tig + e, unscaled and unmasked.
+template <int HD>
+__device__ __forceinline__ void mi_attn_mma_scores(const uint32_t (&qa)[HD / 16][4], const uint32_t (&ql)[HD / 16][4],
+                                                   const uint4 (&kr)[2][HD / 32], float (&sc)[2][4]) {
     // Four independent accumulators per n-tile (hi / lo x even / odd k-step: chains of KS / 2
     // mma instead of 2 KS), summed in a fixed order.
-    float sc[2][4], sp[2][4][4];
+    float sp[2][4][4];
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -424,6 +426,17 @@ __device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4
 #pragma unroll
         for (int i = 0; i < 4; i++)
             sc[nt][i] = __fadd_rn(__fadd_rn(sp[nt][0][i], sp[nt][2][i]), __fadd_rn(sp[nt][1][i], sp[nt][3][i]));
+}
+
+// One tile's online-softmax update from its raw scores sc (mi_attn_mma_scores; overwritten):
+// slots j >= bound[r] of row r masked, m, l (this lane's columns) and the output accumulators o
+// rescaled, then o += P V with P split hi / lo after scaling by 2^12 (o is scaled back by the
+// caller). vr: the tile's V fragments (mi_attn_mma_load_v).
+template <int HD, bool EMPTY_ROWS>
+__device__ __forceinline__ void mi_attn_mma_softmax_pv(float (&sc)[2][4], const uint4 (&vr)[4][HD / 64], int j0,
+                                                       const int (&bound)[2], float scale, int tig,
+                                                       float (&o)[HD / 8][4], float (&m)[2], float (&l)[2]) {
+    constexpr int NV = HD / 64;
     // sc[nt][2r + e]: row r, slot j0 + 8nt + 2tig + e.
     float corr[2];
 #pragma unroll
@@ -480,6 +493,28 @@ __device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4
             mi_mma_f16(on, pl, b0, b1);
         }
     }
+}
+
+// One 16-slot tile j0 .. j0 + 15 of the tensor-core attention for this lane's fragment rows gid
+// (row 0) and gid + 8 (row 1): scores S = Q K^T (hi and lo parts of Q), slots j >= bound[r] of row r
+// masked, the online-softmax update of m, l (this lane's columns) and the output accumulators o,
+// then o += P V with P split hi / lo after scaling by 2^12 (o is scaled back by the caller). K / V
+// rows past k1 - 1 are clamped to it (masked anyway, and a clamped row is a written, finite one).
+// kc / vc: this KV head's first element (cache + g * HD), rows kvd halves apart. Shared by the
+// decode kernel (rows = query heads of one position: one bound, every tile holds a visible slot)
+// and the prefill kernel (rows = 16 positions, a bound each: a row may have seen no slot yet,
+// EMPTY_ROWS guards its weights).
+template <int HD, bool EMPTY_ROWS>
+__device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4], const uint32_t (&ql)[HD / 16][4],
+                                                 const __half *kc, const __half *vc, int kvd, int j0, int k1,
+                                                 const int (&bound)[2], float scale, int gid, int tig,
+                                                 float (&o)[HD / 8][4], float (&m)[2], float (&l)[2]) {
+    uint4 kr[2][HD / 32], vr[4][HD / 64];
+    mi_attn_mma_load_k<HD>(kc, kvd, j0, k1, gid, tig, kr);
+    mi_attn_mma_load_v<HD>(vc, kvd, j0, k1, gid, tig, vr);
+    float sc[2][4];
+    mi_attn_mma_scores<HD>(qa, ql, kr, sc);
+    mi_attn_mma_softmax_pv<HD, EMPTY_ROWS>(sc, vr, j0, bound, scale, tig, o, m, l);
 }
 
 // NW warps a block; R >= G rows of the shared-memory merge (16, or 8 when G <= 8).
@@ -582,8 +617,25 @@ __global__ void __launch_bounds__(NW * 32)
 #pragma unroll
         for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // rows gid, gid + 8; l: this lane's columns
-        for (int j0 = kp0 + warp * MI_ATTN_MMA_TILE; j0 < kmax; j0 += TILE)
-            mi_attn_mma_tile<HD, true>(qa, ql, kc + g * HD, vc + g * HD, kvd, j0, kmax, bound, scale, gid, tig, o, m, l);
+        // The warp's tiles, software-pipelined: tile j0 + TILE's K is loaded once tile j0's scores
+        // have consumed kr (in flight during its softmax and P V), its V once P V has consumed vr
+        // (in flight during the next scores). The same arithmetic in the same order as
+        // mi_attn_mma_tile: the same bits; only the loads move earlier.
+        const __half *kg = kc + g * HD, *vg = vc + g * HD;
+        int j0 = kp0 + warp * MI_ATTN_MMA_TILE;
+        uint4 kr[2][HD / 32], vr[4][HD / 64];
+        if (j0 < kmax) {
+            mi_attn_mma_load_k<HD>(kg, kvd, j0, kmax, gid, tig, kr);
+            mi_attn_mma_load_v<HD>(vg, kvd, j0, kmax, gid, tig, vr);
+        }
+        for (; j0 < kmax; j0 += TILE) {
+            float sc[2][4];
+            mi_attn_mma_scores<HD>(qa, ql, kr, sc);
+            const int jn = j0 + TILE;
+            if (jn < kmax) mi_attn_mma_load_k<HD>(kg, kvd, jn, kmax, gid, tig, kr);
+            mi_attn_mma_softmax_pv<HD, true>(sc, vr, j0, bound, scale, tig, o, m, l);
+            if (jn < kmax) mi_attn_mma_load_v<HD>(vg, kvd, jn, kmax, gid, tig, vr);
+        }
         // Warps -> this split's partial per query head and row, as mi_attn_kernel: e_w = exp(m_w -
         // M), then the warps summed in order.
         for (int hf = 0; hf < (tb >= 0 ? 2 : 1); hf++) {
