@@ -17,6 +17,9 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 rm -rf /tmp/ab  # pip --target does not replace an existing package: never bench an earlier call's builds
+# An editable install (bench/gpu_run.sh) puts its finder at the head of sys.meta_path, ahead of
+# PYTHONPATH: both sides would import it. Remove it; each run below checks where pyminfer came from.
+python3 -m pip uninstall -y -q pyminfer >/dev/null 2>&1 || true
 mkdir -p /tmp/ab/src_old
 tar -xzf "$old_tar" -C /tmp/ab/src_old
 for side in old new; do
@@ -31,6 +34,8 @@ cd "$root/bench"  # no pyminfer package in this directory: the PYTHONPATH one is
 for k in $(seq 1 "$rounds"); do
   for side in old new; do
     echo "== $side $k"
+    PYTHONPATH=/tmp/ab/$side:/tmp/site python3 -c "import pyminfer, sys; f = pyminfer.__file__
+sys.exit(0 if f.startswith('/tmp/ab/$side/') else 'pyminfer imported from ' + f)"
     PYTHONPATH=/tmp/ab/$side:/tmp/site python3 "$script" "$@"
   done
 done
