@@ -709,12 +709,17 @@ __device__ __forceinline__ void mi_attn_mma_pass_t(const float *__restrict__ q, 
 #pragma unroll
         for (int t = 0; t < HD / 16; t++) oT[r][t][0] = oT[r][t][1] = oT[r][t][2] = oT[r][t][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    for (int j0 = kp0 + warp * MI_ATTN_MMA_TILE; j0 < kmax; j0 += TILE) {
-        uint4 kr[2][HD / 32], vr[4][HD / 64];
-        mi_attn_mma_load_k<HD>(kc, kvd, j0, kmax, gid, tig, kr);
+    // The next tile's K is loaded as soon as this tile's scores have consumed kr, so it is in
+    // flight during the softmax and P V (the same arithmetic, the same bits; only loads move).
+    int j0 = kp0 + warp * MI_ATTN_MMA_TILE;
+    uint4 kr[2][HD / 32];
+    if (j0 < kmax) mi_attn_mma_load_k<HD>(kc, kvd, j0, kmax, gid, tig, kr);
+    for (; j0 < kmax; j0 += TILE) {
+        uint4 vr[4][HD / 64];
         mi_attn_mma_load_v<HD>(vc, kvd, j0, kmax, gid, tig, vr);
         float sc[2][4];
         mi_attn_mma_scores<HD>(qa, ql, kr, sc);
+        if (j0 + TILE < kmax) mi_attn_mma_load_k<HD>(kc, kvd, j0 + TILE, kmax, gid, tig, kr);
         mi_attn_mma_softmax_pvt<HD, NR>(sc, vr, j0, bound, scale, tig, oT, m, l);
     }
 #pragma unroll
