@@ -374,40 +374,38 @@ __device__ __forceinline__ void mi_attn_q_frags(const float *const (&qrow)[2], i
     }
 }
 
-// K / V fragments of one 16-slot tile j0 .. j0 + 15 of the tensor-core attention: K rows j0 + 8nt +
-// gid (n-tile nt), halves d = 32c + 8tig .. + 7 (kr[nt][c]); V rows j0 + {2tig, 2tig+1, 8+2tig,
-// 9+2tig} (vr[r]), halves d = 64mm + 8gid .. + 7 (vr[r][mm]). Rows past k1 - 1 are clamped to it
-// (masked anyway, and a clamped row is a written, finite one). kc / vc: this KV head's first
-// element (cache + g * HD), rows kvd halves apart.
-template <int HD>
-__device__ __forceinline__ void mi_attn_mma_load_k(const __half *kc, int kvd, int j0, int k1, int gid, int tig,
-                                                   uint4 (&kr)[2][HD / 32]) {
+// One 16-slot tile j0 .. j0 + 15 of the tensor-core attention for this lane's fragment rows gid
+// (row 0) and gid + 8 (row 1): scores S = Q K^T (hi and lo parts of Q), slots j >= bound[r] of row r
+// masked, the online-softmax update of m, l (this lane's columns) and the output accumulators o,
+// then o += P V with P split hi / lo after scaling by 2^12 (o is scaled back by the caller). K / V
+// rows past k1 - 1 are clamped to it (masked anyway, and a clamped row is a written, finite one).
+// kc / vc: this KV head's first element (cache + g * HD), rows kvd halves apart. Shared by the
+// decode kernel (rows = query heads of one position: one bound, every tile holds a visible slot)
+// and the prefill kernel (rows = 16 positions, a bound each: a row may have seen no slot yet,
+// EMPTY_ROWS guards its weights).
+template <int HD, bool EMPTY_ROWS>
+__device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4], const uint32_t (&ql)[HD / 16][4],
+                                                 const __half *kc, const __half *vc, int kvd, int j0, int k1,
+                                                 const int (&bound)[2], float scale, int gid, int tig,
+                                                 float (&o)[HD / 8][4], float (&m)[2], float (&l)[2]) {
+    constexpr int NV = HD / 64;
+    // K rows j0 + 8nt + gid (n-tile nt), V rows j0 + {2tig, 2tig+1, 8+2tig, 9+2tig}.
+    uint4 kr[2][HD / 32], vr[4][NV];
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) {
         const __half *row = kc + (int64_t)min(j0 + 8 * nt + gid, k1 - 1) * kvd + 8 * tig;
 #pragma unroll
         for (int c = 0; c < HD / 32; c++) kr[nt][c] = *(const uint4 *)(row + 32 * c);
     }
-}
-template <int HD>
-__device__ __forceinline__ void mi_attn_mma_load_v(const __half *vc, int kvd, int j0, int k1, int gid, int tig,
-                                                   uint4 (&vr)[4][HD / 64]) {
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const __half *row = vc + (int64_t)min(j0 + 8 * (r >> 1) + 2 * tig + (r & 1), k1 - 1) * kvd + 8 * gid;
 #pragma unroll
-        for (int mm = 0; mm < HD / 64; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
+        for (int mm = 0; mm < NV; mm++) vr[r][mm] = *(const uint4 *)(row + 64 * mm);
     }
-}
-
-// Raw scores S = Q K^T of one tile (hi and lo parts of Q): sc[nt][2r + e] is fragment row gid + 8r,
-// slot j0 + 8nt + 2tig + e, unscaled and unmasked.
-template <int HD>
-__device__ __forceinline__ void mi_attn_mma_scores(const uint32_t (&qa)[HD / 16][4], const uint32_t (&ql)[HD / 16][4],
-                                                   const uint4 (&kr)[2][HD / 32], float (&sc)[2][4]) {
     // Four independent accumulators per n-tile (hi / lo x even / odd k-step: chains of KS / 2
     // mma instead of 2 KS), summed in a fixed order.
-    float sp[2][4][4];
+    float sc[2][4], sp[2][4][4];
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -426,17 +424,6 @@ __device__ __forceinline__ void mi_attn_mma_scores(const uint32_t (&qa)[HD / 16]
 #pragma unroll
         for (int i = 0; i < 4; i++)
             sc[nt][i] = __fadd_rn(__fadd_rn(sp[nt][0][i], sp[nt][2][i]), __fadd_rn(sp[nt][1][i], sp[nt][3][i]));
-}
-
-// One tile's online-softmax update from its raw scores sc (mi_attn_mma_scores; overwritten):
-// slots j >= bound[r] of row r masked, m, l (this lane's columns) and the output accumulators o
-// rescaled, then o += P V with P split hi / lo after scaling by 2^12 (o is scaled back by the
-// caller). vr: the tile's V fragments (mi_attn_mma_load_v).
-template <int HD, bool EMPTY_ROWS>
-__device__ __forceinline__ void mi_attn_mma_softmax_pv(float (&sc)[2][4], const uint4 (&vr)[4][HD / 64], int j0,
-                                                       const int (&bound)[2], float scale, int tig,
-                                                       float (&o)[HD / 8][4], float (&m)[2], float (&l)[2]) {
-    constexpr int NV = HD / 64;
     // sc[nt][2r + e]: row r, slot j0 + 8nt + 2tig + e.
     float corr[2];
 #pragma unroll
@@ -495,36 +482,17 @@ __device__ __forceinline__ void mi_attn_mma_softmax_pv(float (&sc)[2][4], const 
     }
 }
 
-// One 16-slot tile j0 .. j0 + 15 of the tensor-core attention for this lane's fragment rows gid
-// (row 0) and gid + 8 (row 1): scores S = Q K^T (hi and lo parts of Q), slots j >= bound[r] of row r
-// masked, the online-softmax update of m, l (this lane's columns) and the output accumulators o,
-// then o += P V with P split hi / lo after scaling by 2^12 (o is scaled back by the caller). K / V
-// rows past k1 - 1 are clamped to it (masked anyway, and a clamped row is a written, finite one).
-// kc / vc: this KV head's first element (cache + g * HD), rows kvd halves apart. Shared by the
-// decode kernel (rows = query heads of one position: one bound, every tile holds a visible slot)
-// and the prefill kernel (rows = 16 positions, a bound each: a row may have seen no slot yet,
-// EMPTY_ROWS guards its weights).
-template <int HD, bool EMPTY_ROWS>
-__device__ __forceinline__ void mi_attn_mma_tile(const uint32_t (&qa)[HD / 16][4], const uint32_t (&ql)[HD / 16][4],
-                                                 const __half *kc, const __half *vc, int kvd, int j0, int k1,
-                                                 const int (&bound)[2], float scale, int gid, int tig,
-                                                 float (&o)[HD / 8][4], float (&m)[2], float (&l)[2]) {
-    uint4 kr[2][HD / 32], vr[4][HD / 64];
-    mi_attn_mma_load_k<HD>(kc, kvd, j0, k1, gid, tig, kr);
-    mi_attn_mma_load_v<HD>(vc, kvd, j0, k1, gid, tig, vr);
-    float sc[2][4];
-    mi_attn_mma_scores<HD>(qa, ql, kr, sc);
-    mi_attn_mma_softmax_pv<HD, EMPTY_ROWS>(sc, vr, j0, bound, scale, tig, o, m, l);
-}
-
-// NW warps a block; R = 16 rows of the shared-memory merge (the R == 8 kernels: mi_attn_mma_stash_t).
+// NW warps a block; R >= G rows of the shared-memory merge (16, or 8 when G <= 8).
 // A warp's running max m, sum l (summed over its quad first: each lane held its columns' share)
-// and accumulator o for fragment rows gid and gid + 8 into the block merge's shared arrays. o is
-// stored scaled by 2^-12, as the merge expects.
+// and accumulator o for fragment rows gid and gid + 8 into the block merge's shared arrays; rows >= R
+// (no query head there; R is 8 or 16) are skipped, after the full-mask shuffles every lane runs.
+// o is stored scaled by 2^-12, as the merge expects. half >= 0: only fragment rows gid + 8 half,
+// stored at row gid (the two halves hold two batch rows: mi_attn_mma_kernel's pairs; half 0 is what
+// R = 8 stores anyway).
 template <int NW, int R, int HD>
 __device__ __forceinline__ void mi_attn_mma_stash(const float (&o)[HD / 8][4], const float (&m)[2], const float (&l)[2],
                                                   int warp, int gid, int tig, float (&sm_m)[NW][R], float (&sm_l)[NW][R],
-                                                  float (&sm_acc)[NW][R][HD + 4]) {
+                                                  float (&sm_acc)[NW][R][HD + 4], int half = -1) {
     constexpr int NV = HD / 64;
     float lq[2];
 #pragma unroll
@@ -534,7 +502,8 @@ __device__ __forceinline__ void mi_attn_mma_stash(const float (&o)[HD / 8][4], c
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const int row = gid + 8 * r;
+        const int row = half < 0 ? gid + 8 * r : gid;
+        if (half < 0 ? row >= R : r != half) continue;
         if (tig == 0) {
             sm_m[warp][row] = m[r];
             sm_l[warp][row] = lq[r];
@@ -549,191 +518,10 @@ __device__ __forceinline__ void mi_attn_mma_stash(const float (&o)[HD / 8][4], c
     }
 }
 
-// The P V half of a tile for the kernels with <= 8 query heads a KV head (R == 8), transposed:
-// O^T = V^T P^T, so the M rows of mma.m16n8k16 are 16 output dims and its N columns the 8 query
-// heads of one batch row, where O = P V had the heads as M rows, half of them structurally zero
-// (rows 8..15 without a pair). Half the P V mma and half the output accumulators (HD / 4 floats a
-// lane a row instead of HD / 2), the same products and k order per output element.
-// NR = 1 or 2 batch rows: fragment rows gid (row 0) and gid + 8 (row 1, a pair) of the scores sc
-// (mi_attn_mma_scores; overwritten with the weights); the online-softmax update is
-// mi_attn_mma_softmax_pv's, per row. Maps (lane = 4 gid + tig): m-tile t = 4mm + ii has row gid at
-// dim D = 64mm + 8gid + 2ii and row gid + 8 at D + 1, k = slot (2tig, 2tig + 1 / 8 + 2tig, 9 + 2tig
-// of the tile: the lane's four V rows of mi_attn_mma_load_v, so A is two byte permutes of
-// each V word); B = P^T, column gid = head gid: the lane's own weights of fragment row gid (+ 8r)
-// in hi / lo f16 (x 2^12) as in mi_attn_mma_softmax_pv; accumulator oT[r][t]: [0], [1] = dim D,
-// heads 2tig, 2tig + 1; [2], [3] = dim D + 1, the same heads. Their rescale factors are those of
-// query heads 2tig, 2tig + 1, computed by quads 2tig, 2tig + 1: two shuffles a row.
-template <int HD, int NR>
-__device__ __forceinline__ void mi_attn_mma_softmax_pvt(float (&sc)[2][4], const uint4 (&vr)[4][HD / 64], int j0,
-                                                        const int (&bound)[2], float scale, int tig,
-                                                        float (&oT)[NR][HD / 16][4], float (&m)[2], float (&l)[2]) {
-    constexpr int NV = HD / 64;
-    float corr[2];
-#pragma unroll
-    for (int r = 0; r < NR; r++) { // as mi_attn_mma_softmax_pv (EMPTY_ROWS: a warp may hold no slot of a row)
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float v = j0 + 8 * nt + 2 * tig + e < bound[r] ? __fmul_rn(sc[nt][2 * r + e], scale) : -INFINITY;
-                sc[nt][2 * r + e] = v;
-                mx = fmaxf(mx, v);
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(MI_FULL_MASK, mx, 2));
-        const float mn = fmaxf(m[r], mx);
-        corr[r] = mn == -INFINITY ? 1.0f : expf(m[r] - mn);
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float p = mn == -INFINITY ? 0.0f : expf(sc[nt][2 * r + e] - mn);
-                sc[nt][2 * r + e] = p;
-                sum = __fadd_rn(sum, p);
-            }
-        l[r] = __fadd_rn(__fmul_rn(l[r], corr[r]), sum);
-        m[r] = mn;
-    }
-    constexpr float PS = 4096.0f; // as mi_attn_mma_softmax_pv: exact, undone by the stash
-    uint32_t bh[NR][2], bl[NR][2];
-    float ct[NR][2];
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        mi_split_f16x2(sc[0][2 * r] * PS, sc[0][2 * r + 1] * PS, bh[r][0], bl[r][0]);
-        mi_split_f16x2(sc[1][2 * r] * PS, sc[1][2 * r + 1] * PS, bh[r][1], bl[r][1]);
-        ct[r][0] = __shfl_sync(MI_FULL_MASK, corr[r], 8 * tig);
-        ct[r][1] = __shfl_sync(MI_FULL_MASK, corr[r], 8 * tig + 4);
-    }
-#pragma unroll
-    for (int mm = 0; mm < NV; mm++) {
-        const uint32_t *w0 = (const uint32_t *)&vr[0][mm], *w1 = (const uint32_t *)&vr[1][mm];
-        const uint32_t *w2 = (const uint32_t *)&vr[2][mm], *w3 = (const uint32_t *)&vr[3][mm];
-#pragma unroll
-        for (int ii = 0; ii < 4; ii++) {
-            const uint32_t a[4] = {__byte_perm(w0[ii], w1[ii], 0x5410u), __byte_perm(w0[ii], w1[ii], 0x7632u),
-                                   __byte_perm(w2[ii], w3[ii], 0x5410u), __byte_perm(w2[ii], w3[ii], 0x7632u)};
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                float(&on)[4] = oT[r][4 * mm + ii];
-                on[0] = __fmul_rn(on[0], ct[r][0]);
-                on[1] = __fmul_rn(on[1], ct[r][1]);
-                on[2] = __fmul_rn(on[2], ct[r][0]);
-                on[3] = __fmul_rn(on[3], ct[r][1]);
-                mi_mma_f16(on, a, bh[r][0], bh[r][1]);
-                mi_mma_f16(on, a, bl[r][0], bl[r][1]);
-            }
-        }
-    }
-}
-
-// mi_attn_mma_stash for one batch row of the transposed layout (mi_attn_mma_softmax_pvt): the
-// warp's m, l of fragment row gid (+ 8 r: mr, lr) at merge row gid, oT[t] (scaled by 2^-12) at
-// heads 2tig, 2tig + 1 and dims D, D + 1.
-template <int NW, int HD>
-__device__ __forceinline__ void mi_attn_mma_stash_t(const float (&oT)[HD / 16][4], float mr, float lr, int warp, int gid,
-                                                    int tig, float (&sm_m)[NW][8], float (&sm_l)[NW][8],
-                                                    float (&sm_acc)[NW][8][HD + 4]) {
-    float lq = __fadd_rn(lr, __shfl_xor_sync(MI_FULL_MASK, lr, 1));
-    lq = __fadd_rn(lq, __shfl_xor_sync(MI_FULL_MASK, lq, 2));
-    if (tig == 0) {
-        sm_m[warp][gid] = mr;
-        sm_l[warp][gid] = lq;
-    }
-#pragma unroll
-    for (int mm = 0; mm < HD / 64; mm++)
-#pragma unroll
-        for (int ii = 0; ii < 4; ii++)
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                sm_acc[warp][2 * tig + (c & 1)][64 * mm + 8 * gid + 2 * ii + (c >> 1)] = oT[4 * mm + ii][c] * (1.0f / 4096.0f);
-}
-
-// The block merge of one batch row t's split partial (after its stash: the warps' m, l, acc in
-// shared memory): e_w = exp(m_w - M) per head, then the warps summed in order, as mi_attn_kernel.
-// Every thread of the block calls it; it ends with a barrier (the arrays are refilled next).
-template <int NW, int R, int HD>
-__device__ __forceinline__ void mi_attn_mma_block_merge(float (&sm_m)[NW][R], float (&sm_l)[NW][R], float (&sm_e)[NW][R],
-                                                        float (&sm_M)[R], float (&sm_acc)[NW][R][HD + 4],
-                                                        float *__restrict__ part, int t, int n_head, int h0, int G,
-                                                        int s) {
-    __syncthreads();
-    if (threadIdx.x < NW * R) {
-        const int hh = threadIdx.x / NW, w = threadIdx.x % NW;
-        float M = -INFINITY;
-#pragma unroll
-        for (int v = 0; v < NW; v++) M = fmaxf(M, sm_m[v][hh]);
-        sm_e[w][hh] = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - M); // a warp with no slot adds 0
-        if (w == 0) sm_M[hh] = M;
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < G * HD; idx += NW * 32) {
-        const int hh = idx / HD, dd = idx % HD;
-        float a = 0.0f;
-#pragma unroll
-        for (int w = 0; w < NW; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][hh][dd], sm_e[w][hh]));
-        float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
-        out[2 + dd] = a;
-        if (dd == 0) {
-            float L = 0.0f;
-#pragma unroll
-            for (int w = 0; w < NW; w++) L = __fadd_rn(L, __fmul_rn(sm_l[w][hh], sm_e[w][hh]));
-            out[0] = sm_M[hh];
-            out[1] = L;
-        }
-    }
-    __syncthreads();
-}
-
-// One pass of the R == 8 kernel over its split's slots [kp0, kmax) for NR batch rows (ta; tb the
-// second of a pair), transposed P V (mi_attn_mma_softmax_pvt), then each row's partial written.
-template <int DPL, int NW, int NR>
-__device__ __forceinline__ void mi_attn_mma_pass_t(const float *__restrict__ q, const __half *kc, const __half *vc,
-                                                   int n_head, int G, int h0, int kvd, int ta, int tb, int kp0,
-                                                   int kmax, const int (&bound)[2], float scale, int warp, int gid,
-                                                   int tig, int s, float *__restrict__ part, float (&sm_m)[NW][8],
-                                                   float (&sm_l)[NW][8], float (&sm_e)[NW][8], float (&sm_M)[8],
-                                                   float (&sm_acc)[NW][8][DPL * 32 + 4]) {
-    constexpr int HD = DPL * 32, KS = HD / 16, TILE = NW * MI_ATTN_MMA_TILE;
-    uint32_t qa[KS][4], ql[KS][4];
-    {
-        const float *qrow[2];
-        qrow[0] = gid < G ? q + ((int64_t)ta * n_head + h0 + gid) * HD : nullptr;
-        qrow[1] = NR == 2 && gid < G ? q + ((int64_t)tb * n_head + h0 + gid) * HD : nullptr;
-        mi_attn_q_frags<HD>(qrow, tig, qa, ql);
-    }
-    float oT[NR][HD / 16][4];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int t = 0; t < HD / 16; t++) oT[r][t][0] = oT[r][t][1] = oT[r][t][2] = oT[r][t][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    // The next tile's K is loaded as soon as this tile's scores have consumed kr, so it is in
-    // flight during the softmax and P V (the same arithmetic, the same bits; only loads move).
-    int j0 = kp0 + warp * MI_ATTN_MMA_TILE;
-    uint4 kr[2][HD / 32];
-    if (j0 < kmax) mi_attn_mma_load_k<HD>(kc, kvd, j0, kmax, gid, tig, kr);
-    for (; j0 < kmax; j0 += TILE) {
-        uint4 vr[4][HD / 64];
-        mi_attn_mma_load_v<HD>(vc, kvd, j0, kmax, gid, tig, vr);
-        float sc[2][4];
-        mi_attn_mma_scores<HD>(qa, ql, kr, sc);
-        if (j0 + TILE < kmax) mi_attn_mma_load_k<HD>(kc, kvd, j0 + TILE, kmax, gid, tig, kr);
-        mi_attn_mma_softmax_pvt<HD, NR>(sc, vr, j0, bound, scale, tig, oT, m, l);
-    }
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        mi_attn_mma_stash_t<NW, HD>(oT[r], m[r], l[r], warp, gid, tig, sm_m, sm_l, sm_acc);
-        mi_attn_mma_block_merge<NW, 8, HD>(sm_m, sm_l, sm_e, sm_M, sm_acc, part, r ? tb : ta, n_head, h0, G, s);
-    }
-}
-
 // pair (R == 8 only: G <= 8 query heads fill fragment rows 0..7, so rows 8..15 are free): block y
 // serves batch rows 2y and 2y + 1, and where both take split s from the same first slot (the same
 // split size: the rows of a verify batch, but across a split-size step every max_splits tiles) one
-// pass over the split's K / V serves both, row 2y + 1's query heads as fragment rows 8..15 of the
-// scores and as N columns of their own P V mma (mi_attn_mma_softmax_pvt): half
+// pass over the split's K / V serves both, row 2y + 1's query heads as fragment rows 8..15: half
 // the blocks, each K / V row read once for two batch rows (1.5B shape, nt = 8: 2.467 -> 2.284 ms a
 // forward at 4,096, 3.280 -> 2.801 at 16,384; nt = 1 unchanged: docs/perf.md, session 19). A
 // row's bits do not change: its fragment rows see the same tiles in the same order (the other
@@ -742,7 +530,7 @@ __device__ __forceinline__ void mi_attn_mma_pass_t(const float *__restrict__ q, 
 // EMPTY_ROWS), and an MMA output element depends on its own A row only (tests: row pairs against
 // a block per row and against single-row forwards, bitwise). Otherwise (different first slots, a
 // row outside [lo, hi) or past its splits) each active row gets a pass of its own.
-template <int DPL, int NW, int R, bool PAIR>
+template <int DPL, int NW, int R>
 __global__ void __launch_bounds__(NW * 32)
     mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                        const int32_t *__restrict__ pos, int nt, int n_head, int n_head_kv, float scale, int max_splits,
@@ -780,29 +568,53 @@ __global__ void __launch_bounds__(NW * 32)
         const int kp0 = pass ? k0[1] : k0[0], kp1 = pass ? k1[1] : k1[0]; // selects: no local-memory arrays
         const int bound[2] = {kp1, tb >= 0 ? k1[1] : kp1};
         const int kmax = max(bound[0], bound[1]);
-        if constexpr (R == 8) { // transposed P V (mi_attn_mma_softmax_pvt)
-            if (tb < 0)
-                mi_attn_mma_pass_t<DPL, NW, 1>(q, kc + g * HD, vc + g * HD, n_head, G, h0, kvd, ta, tb, kp0, kmax, bound,
-                                               scale, warp, gid, tig, s, part, sm_m, sm_l, sm_e, sm_M, sm_acc);
-            else if constexpr (PAIR)
-                mi_attn_mma_pass_t<DPL, NW, 2>(q, kc + g * HD, vc + g * HD, n_head, G, h0, kvd, ta, tb, kp0, kmax, bound,
-                                               scale, warp, gid, tig, s, part, sm_m, sm_l, sm_e, sm_M, sm_acc);
-        } else { // R == 16: query heads h0 + gid and h0 + 8 + gid of row ta as fragment rows; zero beyond G
-            uint32_t qa[KS][4], ql[KS][4];
-            {
-                const float *qrow[2];
-                qrow[0] = gid < G ? q + ((int64_t)ta * n_head + h0 + gid) * HD : nullptr;
-                qrow[1] = gid + 8 < G ? q + ((int64_t)ta * n_head + h0 + gid + 8) * HD : nullptr;
-                mi_attn_q_frags<HD>(qrow, tig, qa, ql);
-            }
-            float o[ND][4];
+        // Q's A fragments: rows gid are query heads h0 + gid of row ta; rows gid + 8 are heads
+        // h0 + 8 + gid of row ta (R == 16) or h0 + gid of row tb (a pair); zero beyond G.
+        uint32_t qa[KS][4], ql[KS][4];
+        {
+            const float *qrow[2];
+            qrow[0] = gid < G ? q + ((int64_t)ta * n_head + h0 + gid) * HD : nullptr;
+            qrow[1] = R == 16 ? (gid + 8 < G ? q + ((int64_t)ta * n_head + h0 + gid + 8) * HD : nullptr)
+                              : (tb >= 0 && gid < G ? q + ((int64_t)tb * n_head + h0 + gid) * HD : nullptr);
+            mi_attn_q_frags<HD>(qrow, tig, qa, ql);
+        }
+        float o[ND][4];
 #pragma unroll
-            for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-            float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // rows gid, gid + 8; l: this lane's columns
-            for (int j0 = kp0 + warp * MI_ATTN_MMA_TILE; j0 < kmax; j0 += TILE)
-                mi_attn_mma_tile<HD, true>(qa, ql, kc + g * HD, vc + g * HD, kvd, j0, kmax, bound, scale, gid, tig, o, m, l);
-            mi_attn_mma_stash<NW, R, HD>(o, m, l, warp, gid, tig, sm_m, sm_l, sm_acc);
-            mi_attn_mma_block_merge<NW, R, HD>(sm_m, sm_l, sm_e, sm_M, sm_acc, part, ta, n_head, h0, G, s);
+        for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // rows gid, gid + 8; l: this lane's columns
+        for (int j0 = kp0 + warp * MI_ATTN_MMA_TILE; j0 < kmax; j0 += TILE)
+            mi_attn_mma_tile<HD, true>(qa, ql, kc + g * HD, vc + g * HD, kvd, j0, kmax, bound, scale, gid, tig, o, m, l);
+        // Warps -> this split's partial per query head and row, as mi_attn_kernel: e_w = exp(m_w -
+        // M), then the warps summed in order.
+        for (int hf = 0; hf < (tb >= 0 ? 2 : 1); hf++) {
+            const int t = hf ? tb : ta;
+            mi_attn_mma_stash<NW, R, HD>(o, m, l, warp, gid, tig, sm_m, sm_l, sm_acc, R == 16 ? -1 : hf);
+            __syncthreads();
+            if (threadIdx.x < NW * R) {
+                const int hh = threadIdx.x / NW, w = threadIdx.x % NW;
+                float M = -INFINITY;
+#pragma unroll
+                for (int v = 0; v < NW; v++) M = fmaxf(M, sm_m[v][hh]);
+                sm_e[w][hh] = sm_m[w][hh] == -INFINITY ? 0.0f : expf(sm_m[w][hh] - M); // a warp with no slot adds 0
+                if (w == 0) sm_M[hh] = M;
+            }
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < G * HD; idx += NTH) {
+                const int hh = idx / HD, dd = idx % HD;
+                float a = 0.0f;
+#pragma unroll
+                for (int w = 0; w < NW; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][hh][dd], sm_e[w][hh]));
+                float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
+                out[2 + dd] = a;
+                if (dd == 0) {
+                    float L = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < NW; w++) L = __fadd_rn(L, __fmul_rn(sm_l[w][hh], sm_e[w][hh]));
+                    out[0] = sm_M[hh];
+                    out[1] = L;
+                }
+            }
+            __syncthreads(); // the shared arrays are refilled by the next half or pass
         }
     }
     // Each row this block wrote a partial of: the last of its splits to finish merges them (rows of
@@ -995,18 +807,13 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
             const int pair = a.pair && nw == 8 && a.nt > 1; // G <= 8: fragment rows 8..15 take a second row
             const dim3 grid(a.n_head_kv, pair ? (a.nt + 1) / 2 : a.nt, a.max_splits);
             if (pair) __atomic_add_fetch(&mi_attn_pair_count, 1, __ATOMIC_RELAXED);
-            // The pair instance holds two rows' output accumulators; a block per row takes the
-            // instance with one (the same bits: mi_attn_mma_softmax_pvt).
             const cudaError_t e =
-                nw == 4 ? mi_launch(mi_attn_mma_kernel<DPL, 4, 16, false>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.nt,
-                                    a.n_head, a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi,
-                                    a.combine_from, 0)
-                : pair ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8, true>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.nt,
-                                   a.n_head, a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi,
-                                   a.combine_from, 1)
-                       : mi_launch(mi_attn_mma_kernel<DPL, 8, 8, false>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.nt,
-                                   a.n_head, a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi,
-                                   a.combine_from, 0);
+                nw == 8 ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.nt, a.n_head,
+                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
+                                 pair)
+                        : mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.nt, a.n_head,
+                                 a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
+                                 0);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
             return mi_launch(mi_attn_combine_kernel<DPL * 32>, dim3(a.n_head, a.nt), 4 * DPL * 32, s, a.part, a.pos,
                              a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
