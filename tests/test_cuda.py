@@ -772,6 +772,18 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
         assert not np.array_equal(lb, l0)
 
 
+def test_attention_hint_changes_no_bit(monkeypatch):
+    """MI_CUDA_ATTN_HINT (block steps of its split a tensor-core attention block hints into L2) is
+    a hint only: none, one step and the whole split give the same logits, with splits of three
+    128-slot steps (one split over 300 cached positions) and a 5-row verify batch (row pairs)."""
+    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1")
+    monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", "1")
+    model, prompt, batch = attn_case("g6_hd128", 8, 300, 8)
+    (ref, _), *rest = batch_under_env(monkeypatch, "MI_CUDA_ATTN_HINT", ("", "0", "1"), model, prompt, batch)
+    for lg, _ in rest:
+        assert np.array_equal(lg, ref)
+
+
 @pytest.mark.parametrize("kernel", ["cuda_core", "cuda_core_32", "mma"])
 @pytest.mark.parametrize("shape,P", [("g6_hd128", 1100), ("g6_hd128", 2040), ("per_head_g16", 1100),
                                      ("per_head_g16", 2040), ("per_head_g16", 2100), ("kv8_hd128", 2100)])
@@ -970,7 +982,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "+12"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
-                                     ("MI_CUDA_ATTN_PAIR", "2"),
+                                     ("MI_CUDA_ATTN_PAIR", "2"), ("MI_CUDA_ATTN_HINT", "x"),
+                                     ("MI_CUDA_ATTN_HINT", "-1"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
@@ -985,7 +998,7 @@ def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
 
 
 @pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
-                                 "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE"])
+                                 "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):
     """VAR= (empty, as `bench/depth.py --env VAR=,1` sets it) means the default, not an error."""
     model = small_model(11)

@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(NW * 32)
     mi_attn_mma_kernel(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
                        const int32_t *__restrict__ pos, int nt, int n_head, int n_head_kv, float scale, int max_splits,
                        float *__restrict__ part, int32_t *__restrict__ cnt, float *__restrict__ att,
-                       mi_block_q8a *__restrict__ xq, int lo, int hi, int combine_from, int pair) {
+                       mi_block_q8a *__restrict__ xq, int lo, int hi, int combine_from, int pair, int hint_steps) {
     constexpr int HD = DPL * 32, KS = HD / 16, ND = HD / 8, TILE = NW * MI_ATTN_MMA_TILE, NTH = NW * 32;
     const int g = blockIdx.x, s = blockIdx.z;
     // The block's rows (-1: none).
@@ -552,11 +552,13 @@ __global__ void __launch_bounds__(NW * 32)
     const bool together = R == 8 && act[0] && act[1] && k0[0] == k0[1];
     // Older slots are constants by now (slot pos[t] may still be in flight): hint them into L2
     // before the PDL wait, then wait (every block must: common.cuh).
-    if (together) mi_attn_prefetch<HD>(kc, vc, k0[0], max(k1[0], k1[1]), kvd, g, NTH);
+    // At most hint_steps block steps of it (MI_CUDA_ATTN_HINT; < 0: all).
+    const int hint = hint_steps < 0 ? INT_MAX : hint_steps * TILE;
+    if (together) mi_attn_prefetch<HD>(kc, vc, k0[0], k0[0] + min(max(k1[0], k1[1]) - k0[0], hint), kvd, g, NTH);
     else
 #pragma unroll
         for (int r = 0; r < 2; r++)
-            if (act[r]) mi_attn_prefetch<HD>(kc, vc, k0[r], k1[r], kvd, g, NTH);
+            if (act[r]) mi_attn_prefetch<HD>(kc, vc, k0[r], k0[r] + min(k1[r] - k0[r], hint), kvd, g, NTH);
     mi_pdl_wait();
     mi_pdl_trigger();
     __shared__ float sm_m[NW][R], sm_l[NW][R], sm_e[NW][R], sm_M[R];
@@ -780,7 +782,7 @@ struct mi_attn_args {
     const int32_t *pos;
     int nt, n_head, n_head_kv;
     float scale;
-    int max_splits, group, lo, hi, combine_from, pair;
+    int max_splits, group, lo, hi, combine_from, pair, hint_steps;
     float *part;
     int32_t *cnt;
     float *att;
@@ -810,10 +812,10 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
             const cudaError_t e =
                 nw == 8 ? mi_launch(mi_attn_mma_kernel<DPL, 8, 8>, grid, 256, s, a.q, a.kc, a.vc, a.pos, a.nt, a.n_head,
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
-                                 pair)
+                                 pair, a.hint_steps)
                         : mi_launch(mi_attn_mma_kernel<DPL, 4, 16>, grid, 128, s, a.q, a.kc, a.vc, a.pos, a.nt, a.n_head,
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
-                                 0);
+                                 0, a.hint_steps);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
             return mi_launch(mi_attn_combine_kernel<DPL * 32>, dim3(a.n_head, a.nt), 4 * DPL * 32, s, a.part, a.pos,
                              a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
@@ -858,8 +860,8 @@ bool mi_cuda_attention_mma_applies(int n_head, int n_head_kv, int hd) {
 
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
-                      int combine_from, int pair, float *part, int32_t *cnt, float *att, mi_block_q8a *xq,
-                      cudaStream_t s) {
+                      int combine_from, int pair, int hint_steps, float *part, int32_t *cnt, float *att,
+                      mi_block_q8a *xq, cudaStream_t s) {
     if (n_head_kv < 1 || n_head % n_head_kv)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
     if (hd % 32 || hd < 32 || hd > 256)
@@ -870,7 +872,7 @@ int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cac
         return mi_set_error(MI_ERR_ARG, "CUDA attention: no tensor-core kernel for head_dim %d, %d query heads per KV head",
                             hd, n_head / n_head_kv);
     const mi_attn_args a = {q, k_cache, v_cache, pos, nt, n_head, n_head_kv, scale, max_splits, group, lo, hi,
-                            combine_from, pair, part, cnt, att, xq};
+                            combine_from, pair, hint_steps, part, cnt, att, xq};
     cudaError_t e = cudaSuccess;
     switch (hd / 32) {
     case 1: e = mi_attn_launch_g<1>(a, s); break;

@@ -24,6 +24,8 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 // (another summation order of the same partials; attention.cu); > max_splits: never. pair (group
 // 2, <= 8 query heads a KV head, nt > 1): one block serves two batch rows where their splits start
 // at the same slot, K / V read once for both (the same bits: attention.cu); 0: a block per row.
+// hint_steps (group 2): the most block steps of its split a block hints into L2 before the PDL wait
+// (a hint: no result depends on it); < 0: the whole split.
 // part: mi_attn_part_floats(nt, ...) floats of scratch; cnt: int32 [nt][n_head], zero before the
 // first call (each call leaves it zero again).
 // Returns MI_OK; MI_ERR_ARG for head_dim not a multiple of 32 up to 256, n_head not a multiple of
@@ -31,8 +33,8 @@ static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
 // when the launch fails. Algorithm: flash-decoding (split-KV online softmax, attention.cu).
 int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cache, const int32_t *pos, int nt,
                       int n_head, int n_head_kv, int hd, float scale, int max_splits, int group, int lo, int hi,
-                      int combine_from, int pair, float *part, int32_t *cnt, float *att, mi_block_q8a *xq,
-                      cudaStream_t s);
+                      int combine_from, int pair, int hint_steps, float *part, int32_t *cnt, float *att,
+                      mi_block_q8a *xq, cudaStream_t s);
 // Prefill attention (forwards of many rows, usually consecutive positions): att [nt][n_head*hd] f32 =
 // softmax(q k^T * scale) v per head, row t over slots 0..pos[t], as mi_cuda_attention computes but
 // with one tensor-core block per 16 rows and query head (attention.cu, mi_attn_prefill_kernel):

@@ -107,6 +107,7 @@ struct mi_cuda_ctx {
     // pair: K / V read once for both; the same bits): 1, the default; MI_CUDA_ATTN_PAIR=0: a block
     // per row (A/B timing, tests).
     int attn_pair;
+    int attn_hint; // MI_CUDA_ATTN_HINT: block steps the tensor-core attention hints into L2 (< 0: all)
     int last_regime; // regime (mi_regime) of the last forward: the graph mi_cuda_replay_ms replays
     int pending;     // a submitted forward not yet waited for (mi_cuda_forward_submit)
     int pend_n_out;  // its out rows, and whether their argmax is being copied to h_ints
@@ -329,12 +330,12 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
         } else if (regime & 1)
             MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
                                                  c->attn_splits, c->attn_group, 0, c->attn_mma_from, INT_MAX, 0,
-                                                 c->part, c->attn_cnt, c->att, c->xq, s));
+                                                 -1, c->part, c->attn_cnt, c->att, c->xq, s));
         if (!(gemm && c->attn_prefill) && (regime & 2))
             MI_RUNK(MI_P_ATTN, mi_cuda_attention(c->q, kc, vc, pos, nt, c->n_head, c->n_head_kv, HD, att_scale,
                                                  c->attn_splits_mma, 2, c->attn_mma_from, INT_MAX,
-                                                 c->attn_combine_from, c->attn_pair, c->part, c->attn_cnt, c->att,
-                                                 c->xq, s));
+                                                 c->attn_combine_from, c->attn_pair, c->attn_hint, c->part,
+                                                 c->attn_cnt, c->att, c->xq, s));
         MI_RUNK(MI_P_MM_O, mm(&L->wo, c->xq, c->att, QD, nt, c->x, E, nullptr, 1));
         MI_RUNK(MI_P_NORM, mi_cuda_rmsnorm_quant(c->x, nullptr, nullptr, nt, L->ffn_norm, c->rms_eps, E, c->xn, c->xq, s));
         const bool q_down = L->down.type != MI_TYPE_F32 && L->down.type != MI_TYPE_F16;
@@ -554,6 +555,15 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_PAIR=%s: want 0 or 1", pe2);
     }
     c->attn_pair = !(pe2 && strcmp(pe2, "0") == 0);
+    const char *he = getenv("MI_CUDA_ATTN_HINT");
+    if (he && !he[0]) he = nullptr; // empty: unset
+    char *he_end = nullptr;
+    const long hint = he ? strtol(he, &he_end, 10) : -1;
+    if (he && (he_end == he || *he_end || hint < 0 || hint > 1 << 20)) {
+        free(c);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_HINT=%s: want a block step count >= 0", he);
+    }
+    c->attn_hint = (int)hint;
     // MI_ATTN_SPLITS_CC where the CUDA-core kernel only serves rows below 4,096 (the tensor-core
     // one takes the rest); past that 64 splits win (16k: 1.641 vs 1.756 ms with 32, 1.5B shape).
     if (!ae && c->attn_mma_from <= 4096) c->attn_splits = MI_ATTN_SPLITS_CC;
