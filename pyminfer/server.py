@@ -38,9 +38,10 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from .api import LLM, ChatTemplateError
 from .generate import Chunk, GenerationResult
 from .sampling import SamplingParams
+from .spec import MAX_DEPTH
 from .tokenizer import lone_surrogate
 
-MAX_POSITIONS = 7  # speculative draft positions reported in /metrics
+MAX_POSITIONS = MAX_DEPTH  # speculative draft positions reported in /metrics: every depth a round can take
 
 
 def _version() -> str:

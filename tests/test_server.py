@@ -266,6 +266,25 @@ def test_metrics(server):
     assert "pyminfer_spec_rounds_total 0" in text
 
 
+def test_metrics_report_every_draft_position():
+    """Rounds of the deepest draft (MAX_DEPTH = 8 tokens) are counted at every position: the
+    per-position counters add up to the totals (position 8 was once dropped)."""
+    from pyminfer.generate import GenerationResult
+    from pyminfer.server import Metrics
+    from pyminfer.spec import MAX_DEPTH
+
+    m = Metrics()
+    spec = {"rounds": 2, "drafted": 2 * MAX_DEPTH, "accepted": MAX_DEPTH + 1,
+            "drafted_per_position": [2] * MAX_DEPTH, "accepted_per_position": [2] + [1] * (MAX_DEPTH - 1)}
+    m.add(5, 3, GenerationResult(text="", prompt_ids=[], generated_ids=[], finish_reason="length", stop_reason="max_tokens",
+                               timings={}, spec=spec), False)
+    vals = {ln.split()[0]: float(ln.split()[1]) for ln in m.render(True).splitlines() if ln and not ln.startswith("#")}
+    drafted = [vals[f'pyminfer_spec_draft_tokens_at_position_total{{position="{i}"}}'] for i in range(1, MAX_DEPTH + 1)]
+    accepted = [vals[f'pyminfer_spec_accepted_tokens_at_position_total{{position="{i}"}}'] for i in range(1, MAX_DEPTH + 1)]
+    assert sum(drafted) == vals["pyminfer_spec_draft_tokens_total"] == 2 * MAX_DEPTH
+    assert sum(accepted) == vals["pyminfer_spec_accepted_tokens_total"] == MAX_DEPTH + 1
+
+
 def test_health_503_while_loading():
     from starlette.testclient import TestClient
 
