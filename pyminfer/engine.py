@@ -50,8 +50,9 @@ class Model:
         path: GGUF file.  device: 'auto' (CUDA when visible), 'cuda' or 'cpu'.
         n_ctx: KV cache positions (default min(4096, n_ctx_train)).  n_threads: CPU threads
         (0: all cores).  max_nt: most tokens per native forward (prefill is chunked to it; default
-        DEFAULT_MAX_NT of the device, 512 on CUDA and 64 on the CPU, at most max(n_ctx, 16); scratch
-        memory grows with it).
+        DEFAULT_MAX_NT of the device, 512 on CUDA and 64 on the CPU; any value is capped at
+        max(n_ctx, 16), as llama.cpp caps n_batch at n_ctx: no forward can be wider; scratch memory
+        grows with it).
         n_layer: use only the first n_layer blocks (a truncated self-draft; tests and experiments).
     Raises:
         FileNotFoundError, GGUFError (bad file / arch / type / contradictory metadata), ValueError (n_ctx < 1,
@@ -94,8 +95,9 @@ class Model:
         self.n_ctx = n_ctx
         self.device_id = resolve_device(device)
         self.device = "cuda" if self.device_id == _core.DEVICE_CUDA else "cpu"
-        if max_nt is None:  # no wider than the context, but >= 16: a verify batch (<= 9 rows) must fit
-            max_nt = min(DEFAULT_MAX_NT[self.device], max(n_ctx, 16))
+        # No wider than the context (a larger scratch would only waste memory), but >= 16: a
+        # verify batch (<= 9 rows) must fit.
+        max_nt = min(DEFAULT_MAX_NT[self.device] if max_nt is None else max_nt, max(n_ctx, 16))
         self.max_nt = int(max_nt)
         self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(self.config.n_layer), n_ctx, max_nt, n_threads,
                                  self.device_id, keepalive=self.gguf)

@@ -506,6 +506,8 @@ def test_ubatch_size(smol_path):
     prompt prefilled in chunks of 3 gives the same greedy text (CPU rows are bitwise across nt)."""
     with Model(smol_path, device="cpu", n_ctx=64) as m:
         assert m.max_nt == 64
+    with Model(smol_path, device="cpu", n_ctx=32, max_nt=10_000_000) as m:  # capped at n_ctx, as llama.cpp's n_batch
+        assert m.max_nt == 32
     llm = LLM(smol_path, device="cpu", n_ctx=64, n_ubatch=3)
     try:
         assert llm._model.max_nt == 3
