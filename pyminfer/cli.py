@@ -29,7 +29,8 @@ def _model_help() -> str:
 
 def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 64 on the CPU") -> None:
     p.add_argument("-m", "--model", default=None, help=_model_help())
-    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
+                   help="where the model runs (default auto: CUDA when a GPU is visible, else the CPU)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help=f"context size n_ctx, 1..{INT_MAX} (default min(4096, trained))")
@@ -348,9 +349,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return main_serve(args)
 
 
+def _version() -> str:
+    """The installed distribution's version, or 'unknown' in a source checkout without metadata."""
+    try:
+        from importlib.metadata import version
+
+        return version("pyminfer")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pyminfer", description="GGUF inference with speculative decoding")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap.add_argument("--version", action="version", version=f"pyminfer {_version()}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="generate text from a prompt")
     _add_model_args(r)

@@ -36,21 +36,13 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
 
 from .api import LLM, ChatTemplateError
+from .cli import _version
 from .generate import Chunk, GenerationResult
 from .sampling import SamplingParams
 from .spec import MAX_DEPTH
 from .tokenizer import lone_surrogate
 
 MAX_POSITIONS = MAX_DEPTH  # speculative draft positions reported in /metrics: every depth a round can take
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("pyminfer")
-    except Exception:  # noqa: BLE001 - not installed as a distribution (a source checkout on sys.path)
-        return "unknown"
 
 
 _VERSION = _version()

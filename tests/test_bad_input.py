@@ -621,3 +621,13 @@ def test_options_ignored_without_their_switch_are_reported(smol_path):
     for extra in ([], ["--spec-type", "ngram-simple", "--spec-ngram-size-n", "2"]):
         out = _cli(*base, *extra)
         assert out.returncode == 0 and "ignored without" not in out.stderr.decode(), out.stderr
+
+
+def test_version_and_missing_command():
+    """`pyminfer --version` prints the version; no subcommand is a usage error that names what
+    is missing in the user's terms (argparse once said 'cmd', the internal attribute)."""
+    out = _cli("--version")
+    assert out.returncode == 0 and out.stdout.decode().startswith("pyminfer "), out
+    out = _cli()
+    err = out.stderr.decode()
+    assert out.returncode == 2 and "required: COMMAND" in err and "cmd" not in err, err
