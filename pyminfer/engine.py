@@ -184,8 +184,22 @@ class Model:
         """The native argmax ids, or NaNLogitsError naming this model's file where a row's logits held
         a NaN (its id is -1): with a draft model, which of the two files is bad."""
         if min(argmax.tolist(), default=0) < 0:  # a Python min: ~0.3 us for <= 9 rows, not numpy's ~2 us
-            raise NaNLogitsError(f"{self.gguf.path.name}: {NaNLogitsError.MESSAGE}")
+            raise self.nan_error()
         return argmax
+
+    def nan_error(self) -> NaNLogitsError:
+        """The NaNLogitsError for this model's file (its path; for a file of the model cache, how to
+        fetch it again: a cached file is checked by size only when reused, not by hash)."""
+        from .models import cache_dir
+
+        path = self.gguf.path.resolve()
+        hint = ""
+        try:
+            if path.parent == cache_dir().resolve():
+                hint = f"; it is a cached download: delete {path} to fetch it again"
+        except OSError:  # the cache directory cannot be made: no hint
+            pass
+        return NaNLogitsError(f"{path}: {NaNLogitsError.MESSAGE}{hint}")
 
     def prefill(self, tokens: Sequence[int], start: int, *, logits: bool = True) -> np.ndarray:
         """Evaluate a prompt in chunks of max_nt; returns the last token's logits [n_vocab] (or its

@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sequence
 
 from .engine import ContextFull, Model
 from .ngram import NgramSpec
-from .sampling import Sampler, SamplingParams, StopChecker
+from .sampling import NaNLogitsError, Sampler, SamplingParams, StopChecker
 from .tokenizer import StreamDecoder
 
 
@@ -73,7 +73,10 @@ class PlainDecoder:
         self.stats.update(prefill_s=t1 - t0, prefill_tokens=len(prompt_ids) - n_past, decode_s=0.0, decode_tokens=0)
         hist = list(prompt_ids)
         while True:
-            tok = smp.sample(out, hist) if need else int(out[0])
+            try:
+                tok = smp.sample(out, hist) if need else int(out[0])
+            except NaNLogitsError as e:  # name the file, as the native argmax path does
+                raise m.nan_error() from e
             hist.append(tok)
             yield tok
             ts = time.perf_counter()

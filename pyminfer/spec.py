@@ -41,7 +41,7 @@ import numpy as np
 
 from .engine import ContextFull, Model
 from .ngram import NgramIndex, NgramSpec
-from .sampling import Sampler
+from .sampling import NaNLogitsError, Sampler
 from .tokenizer import Tokenizer
 
 MAX_DEPTH = 8  # verify nt = 9: bitwise on the CPU and, graphed as 8 + 1 mat-vec rows, on CUDA
@@ -338,7 +338,10 @@ class SpecDecoder:
     def _choose(self, row: np.ndarray | int, hist: Sequence[int]) -> int:
         if isinstance(row, (int, np.integer)):
             return int(row)
-        return self.sampler.sample(row, hist)
+        try:
+            return self.sampler.sample(row, hist)
+        except NaNLogitsError as e:  # the rows sampled are the target's: name its file
+            raise self.target.nan_error() from e
 
     def tokens(self, prompt_ids: Sequence[int], n_past: int = 0, draft_n_past: int = 0) -> Iterator[int]:
         """Yield generated ids forever (the caller stops); raises ContextFull when the target's

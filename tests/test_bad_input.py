@@ -201,8 +201,10 @@ def test_nan_logits_are_an_error_not_token_zero():
     assert np.isnan(logits[:, 7]).all() and not np.isnan(np.delete(logits, 7, axis=1)).any()
     assert (am == -1).all()
     fake = SimpleNamespace(gguf=SimpleNamespace(path=Path("/x/draft.gguf")))  # the engine names the file
-    with pytest.raises(NaNLogitsError, match="^draft.gguf: the model produced NaN logits"):
+    fake.nan_error = lambda: Model.nan_error(fake)
+    with pytest.raises(NaNLogitsError, match="^/x/draft.gguf: the model produced NaN logits") as ei:
         Model._checked(fake, am)
+    assert "cached download" not in str(ei.value)
     assert issubclass(NaNLogitsError, RuntimeError)
     for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
                    SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, seed=1)):
@@ -210,6 +212,26 @@ def test_nan_logits_are_an_error_not_token_zero():
             Sampler(params).sample(logits[0], [1])
     clean = np.delete(logits[0], 7)  # the same row without its NaN samples as before
     assert Sampler(SamplingParams(temperature=0.0)).sample(clean, [1]) == int(np.argmax(clean))
+
+
+def test_nan_logits_in_a_cached_file_say_how_to_fetch_it_again(tmp_path, monkeypatch):
+    """A cached download is checked by size only when reused: the NaN error names the file and says
+    to delete it (the sampler's path, which has no file of its own, is re-raised by the decoder)."""
+    from types import SimpleNamespace
+
+    from pyminfer import NaNLogitsError
+    from pyminfer.generate import PlainDecoder
+    from pyminfer.sampling import Sampler
+
+    monkeypatch.setenv("PYMINFER_CACHE", str(tmp_path))
+    path = tmp_path / "m.gguf"
+    fake = SimpleNamespace(gguf=SimpleNamespace(path=path))
+    fake.nan_error = lambda: Model.nan_error(fake)
+    row = np.full((1, 8), np.nan, np.float32)
+    fake.prefill = lambda toks, start, logits: row
+    dec = PlainDecoder(fake, Sampler(SamplingParams(temperature=0.8, seed=1)))
+    with pytest.raises(NaNLogitsError, match=f"^{path}: the model produced NaN.*delete {path} to fetch it again"):
+        next(dec.tokens([1, 2]))
 
 
 def test_non_consecutive_positions(smol):
