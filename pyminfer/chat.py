@@ -20,6 +20,7 @@ from .engine import ContextFull, log
 from .generate import Chunk, GenerationResult, generate_stream
 from .ngram import NgramSpec
 from .sampling import SamplingParams
+from .tokenizer import ChatTemplateError
 
 HELP = "commands: /clear (new conversation), /exit (quit; or Ctrl-D), /help; Ctrl-C stops a reply"
 
@@ -319,6 +320,13 @@ def main_chat(args: Any) -> int:
     try:
         if not model.tokenizer.chat_template:
             log("pyminfer: warning: this model has no chat template; replies may be poor")
+        else:  # every turn renders it: a template that does not compile is an error now, not at turn 1
+            try:
+                model.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+            except ChatTemplateError:
+                raise
+            except ValueError:  # the template refusing this probe message (raise_exception) is no defect
+                pass
         session = ChatSession(model, draft, params=_params(args), max_tokens=_n_predict(args, model),
                               system=getattr(args, "system", None), spec_draft_n=args.spec_draft_n,
                               spec_adaptive=args.spec_draft_adaptive, spec_ngram=_ngram(args))

@@ -138,7 +138,9 @@ def test_broken_chat_template_is_one_line_in_the_cli(tmp_path, smol_path):
     """run --chat and chat with a template that does not compile: the CLI's one-line error naming
     the template, not jinja's traceback (the API and the server already said so)."""
     p = _broken_template_copy(smol_path, tmp_path / "badtmpl.gguf")
-    for args, stdin in ((["run", "--chat", "-p", "hi", "-n", "2"], None), (["chat", "-n", "2"], "hi\n")):
+    # chat with no message at all: refused at startup, before the first turn
+    for args, stdin in ((["run", "--chat", "-p", "hi", "-n", "2"], None), (["chat", "-n", "2"], "hi\n"),
+                        (["chat", "-n", "2"], "")):
         out = subprocess.run([sys.executable, "-m", "pyminfer", *args, "-m", str(p), "--device", "cpu"], input=stdin,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 1, (args, out.stderr)
