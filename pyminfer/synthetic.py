@@ -131,8 +131,8 @@ def write_synthetic_gguf(path: str | os.PathLike[str], shape: str | dict[str, in
     the project's 2-core machine).
     Raises ValueError for an unknown shape, a bad n_layer, a negative seed, ``path`` naming the
     tokenizer source, or a tokenizer_from that is not a Qwen2 byte-level BPE vocabulary or has more
-    tokens than the shape's n_vocab; FileNotFoundError for a missing tokenizer_from; OSError when
-    the file cannot be written.
+    tokens than the shape's n_vocab; FileNotFoundError for a missing tokenizer_from or output
+    directory; OSError when the file cannot be written.
     """
     import gguf
 
@@ -158,6 +158,8 @@ def write_synthetic_gguf(path: str | os.PathLike[str], shape: str | dict[str, in
         raise FileNotFoundError(f"tokenizer source not found (or not a file): {src}")
     if out.exists() and not out.is_file():  # a directory, a device: never replaced by the rename below
         raise ValueError(f"{out} exists and is not a regular file")
+    if not out.parent.is_dir():  # said here, not as the missing staging file <out>.partial
+        raise FileNotFoundError(f"output directory not found: {out.parent}")
     if out.is_symlink():
         out = out.resolve()  # replace the file it points to, not the link
     if out.exists() and out.resolve() == src.resolve():

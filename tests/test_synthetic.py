@@ -71,6 +71,8 @@ def test_bad_arguments_are_refused(tmp_path, qwen05_path):
         syn.write_synthetic_gguf(tmp_path, SMALL, qwen05_path)
     with pytest.raises(ValueError, match="overwrite the tokenizer source"):
         syn.write_synthetic_gguf(qwen05_path, SMALL, qwen05_path)
+    with pytest.raises(FileNotFoundError, match="^output directory not found: .*nowhere$"):
+        syn.write_synthetic_gguf(tmp_path / "nowhere" / "x.gguf", SMALL, qwen05_path)
     assert not list(tmp_path.iterdir())  # nothing written by a refused call
 
 
