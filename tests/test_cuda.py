@@ -772,18 +772,6 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
         assert not np.array_equal(lb, l0)
 
 
-@pytest.mark.parametrize("nt", [1, 4, 8])  # 1: the one-row kernels; 4: dp4a rows; 8: the tensor-core verify kernel
-def test_mmvq_hint_changes_no_bit(nt, monkeypatch):
-    """MI_CUDA_MMVQ_HINT=0 (no weight rows hinted into L2 before the PDL wait) is a timing switch:
-    the same logits as the default, graphed forwards of nt rows."""
-    model = small_model(11)
-    V = SMALL["n_vocab"]
-    toks, pos = list(range(3, 3 + nt)), list(range(nt))
-    ref = run(make_ctx(model, 1), toks, pos, V)[0]
-    monkeypatch.setenv("MI_CUDA_MMVQ_HINT", "0")
-    assert np.array_equal(run(make_ctx(model, 1), toks, pos, V)[0], ref)
-
-
 def test_attention_hint_changes_no_bit(monkeypatch):
     """MI_CUDA_ATTN_HINT (block steps of its split a tensor-core attention block hints into L2) is
     a hint only: none, one step and the whole split give the same logits, with splits of three
@@ -995,7 +983,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_PAIR", "2"), ("MI_CUDA_ATTN_HINT", "x"),
-                                     ("MI_CUDA_ATTN_HINT", "-1"), ("MI_CUDA_MMVQ_HINT", "2"),
+                                     ("MI_CUDA_ATTN_HINT", "-1"),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),
@@ -1010,8 +998,7 @@ def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
 
 
 @pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
-                                 "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT",
-                                 "MI_CUDA_MMVQ_HINT"])
+                                 "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):
     """VAR= (empty, as `bench/depth.py --env VAR=,1` sets it) means the default, not an error."""
     model = small_model(11)

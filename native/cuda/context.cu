@@ -549,10 +549,6 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         free(c);
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_WARP_ROWS=%s: want a row count >= 1", getenv("MI_CUDA_MMVQ_WARP_ROWS"));
     }
-    if (mi_cuda_mmvq_hint() < 0) {
-        free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_HINT=%s: want 0 or 1", getenv("MI_CUDA_MMVQ_HINT"));
-    }
     const char *pe2 = getenv("MI_CUDA_ATTN_PAIR");
     if (pe2 && pe2[0] && strcmp(pe2, "0") != 0 && strcmp(pe2, "1") != 0) {
         free(c);

@@ -99,15 +99,6 @@ static int mi_mmvq_mma_from(bool warp_kernel) {
     if (ev[0] == '0' && ev[1] == 0) return 0;
     return ev[0] >= '2' && ev[0] <= '8' && ev[1] == 0 ? ev[0] - '0' : -1;
 }
-// MI_CUDA_MMVQ_HINT (read at every call, like MI_CUDA_MMVQ): 0 = the mat-vec blocks do not hint
-// their weight rows into L2 before the PDL wait; unset, empty or 1 = they do (the default since
-// 2026-11-29). A hint changes no result: an A/B switch for timing (docs/perf.md, session 24: the
-// attention's own hint cost time at depth). -1 when malformed.
-int mi_cuda_mmvq_hint(void) {
-    const char *ev = getenv("MI_CUDA_MMVQ_HINT");
-    if (!ev || !ev[0]) return 1;
-    return (ev[0] == '0' || ev[0] == '1') && ev[1] == 0 ? ev[0] - '0' : -1;
-}
 bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
     const int mode = mi_mmvq_mode(); // modes 0, 3 and 4 run rows of <= 128 chunks on the block kernel
     return (mode == 0 || mode == 3 || mode == 4) && mi_rows_per_block(n_cols / 32) % 2 == 0;
@@ -124,7 +115,6 @@ static int mi_mmvq_groups(mi_mmvq_args &a, const mi_block_q8a *xq, const float *
         a.xf = xf ? xf + t0 * ldx : nullptr;
         a.ldx = ldx;
         a.os = *out;
-        a.os.no_hint = !mi_cuda_mmvq_hint(); // refused above when malformed
         for (int i = 0; i < out->n_seg; i++) a.os.y[i] = out->y[i] + t0 * out->ldy[i];
         if (out->yq) a.os.yq = out->yq + t0 * out->ldq;
         if (out->any_rope) {
@@ -161,8 +151,6 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     if (warp_rows < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_WARP_ROWS=%s: want a row count >= 1", getenv("MI_CUDA_MMVQ_WARP_ROWS"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows, warp_rows);
-    const int hint = mi_cuda_mmvq_hint();
-    if (hint < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_HINT=%s: want 0 or 1", getenv("MI_CUDA_MMVQ_HINT"));
     const int mma_from = mi_mmvq_mma_from(a.warp > 0);
     if (mma_from < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA=%s: want 0 (off) or 2..8 (fewest activation rows)",

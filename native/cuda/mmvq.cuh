@@ -37,7 +37,6 @@ struct mi_mmvq_out {
     int64_t ld_cache;
     const int32_t *pos;
     const float *rope_cs;
-    int no_hint; // MI_CUDA_MMVQ_HINT=0: no weight rows hinted into L2 before the PDL wait (A/B timing)
 };
 // Whether a q/k/v launch over rows of n_cols columns can take the fused RoPE epilogue (the block
 // kernel with an even number of rows per block: MI_CUDA_MMVQ 0, 3 = the default, or 4, for rows of <= 128 chunks).
@@ -45,9 +44,6 @@ bool mi_cuda_mmvq_can_rope(int64_t n_cols);
 // MI_CUDA_MMVQ_WARP_ROWS (A/B timing, read at every call; default 4096): the fewest rows a matrix of
 // > 128-chunk rows needs for the warp kernel by default; -1 when malformed (context creation refuses it).
 int64_t mi_cuda_mmvq_warp_rows(void);
-// MI_CUDA_MMVQ_HINT: 1 (unset or empty) = mat-vec blocks hint their weight rows into L2 before the
-// PDL wait, 0 = they do not; -1 when malformed (refused at context creation and at each call).
-int mi_cuda_mmvq_hint(void);
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s);
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,

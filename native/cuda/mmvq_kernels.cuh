@@ -52,7 +52,6 @@ __device__ __forceinline__ int mi_act_row(const mi_mmvq_out &os, int r) {
 __device__ __forceinline__ void mi_mmvq_prologue(const uint8_t *w0, const uint8_t *w1, int64_t row_bytes, int r0,
                                                  int n, int n_rows, const mi_mmvq_out &os, int row_off = 0) {
     if (n > n_rows - r0) n = n_rows - r0;
-    if (os.no_hint) n = 0;
     if (n > 0 && !os.any_rope) {
         mi_prefetch_l2(w0 + (int64_t)(r0 - row_off) * row_bytes, (int64_t)n * row_bytes);
         if (w1) mi_prefetch_l2(w1 + (int64_t)(r0 - row_off) * row_bytes, (int64_t)n * row_bytes);
