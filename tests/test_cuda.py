@@ -775,7 +775,9 @@ def test_attention_long_context(shape, splits, group, monkeypatch):
 def test_attention_hint_changes_no_bit(monkeypatch):
     """MI_CUDA_ATTN_HINT (block steps of its split a tensor-core attention block hints into L2) is
     a hint only: none, one step and the whole split give the same logits, with splits of three
-    128-slot steps (one split over 300 cached positions) and a 5-row verify batch (row pairs)."""
+    128-slot steps (one split over 300 cached positions) and a 5-row verify batch (rows 0-1 and 2-3
+    as pairs, the `together` range; row 4 alone). What it guards: that the switch is accepted, its
+    launches run, and no hinted range changes a result; the timing effect is docs/perf.md's."""
     monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1")
     monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", "1")
     model, prompt, batch = attn_case("g6_hd128", 8, 300, 8)
@@ -983,7 +985,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
                                      ("MI_CUDA_ATTN_MMA", "2"), ("MI_CUDA_ATTN_MMA_FROM", "x"),
                                      ("MI_CUDA_ATTN_PAIR", "2"), ("MI_CUDA_ATTN_HINT", "x"),
-                                     ("MI_CUDA_ATTN_HINT", "-1"),
+                                     ("MI_CUDA_ATTN_HINT", "-1"), ("MI_CUDA_ATTN_HINT", "1x"),
+                                     ("MI_CUDA_ATTN_HINT", str(2**20 + 1)),
                                      ("MI_CUDA_ATTN_MMA_FROM", "-1"),
                                      ("MI_CUDA_ATTN_COMBINE_FROM", "0"), ("MI_CUDA_ATTN_COMBINE_FROM", "66"),
                                      ("MI_CUDA_QKV_MIXED", "2"), ("MI_CUDA_ATTN_PREFILL", "2"),

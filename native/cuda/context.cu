@@ -561,7 +561,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     const long hint = he ? strtol(he, &he_end, 10) : -1;
     if (he && (he_end == he || *he_end || hint < 0 || hint > 1 << 20)) {
         free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_HINT=%s: want a block step count >= 0", he);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_HINT=%s: want a block step count in 0..%d", he, 1 << 20);
     }
     c->attn_hint = (int)hint;
     // MI_ATTN_SPLITS_CC where the CUDA-core kernel only serves rows below 4,096 (the tensor-core
