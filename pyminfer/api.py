@@ -58,7 +58,8 @@ class LLM:
         spec_ngram: n-gram drafts (pyminfer.ngram.NgramSpec(n, m); llama.cpp's
             ``--spec-type ngram-simple``), alone or before the draft model; None: off.
         n_ubatch: most tokens per forward; prompts are evaluated in chunks of it (as
-            llama-cpp-python's n_ubatch; default 512 on CUDA, 64 on the CPU).
+            llama-cpp-python's n_ubatch; default 512 on CUDA, 64 on the CPU; capped at
+            max(n_ctx, 16), as llama.cpp caps n_batch at n_ctx).
 
     Raises:
         FileNotFoundError: no such model file, and not a known model name either.

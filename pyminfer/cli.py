@@ -35,7 +35,7 @@ def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 
     p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help=f"context size n_ctx, 1..{INT_MAX} (default min(4096, trained))")
     p.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
-                   help=f"most tokens per forward, at most n_ctx; prompts are evaluated in chunks of N (default {ub_default})")
+                   help=f"most tokens per forward, at most max(n_ctx, 16); prompts are evaluated in chunks of N (default {ub_default})")
 
 
 class _Given(argparse.Action):
@@ -458,7 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return 141
     except (ValueError, FileNotFoundError, RuntimeError, MemoryError, KeyError) as e:
-        print(f"pyminfer: error: {e}", file=sys.stderr)
+        advice = getattr(e, "advice", "")  # NaNLogitsError: what to do about a cached file
+        print(f"pyminfer: error: {e}{'; ' + advice if advice else ''}", file=sys.stderr)
         return 1
     except OSError as e:  # unreadable input, unwritable output, full disk
         print(f"pyminfer: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)

@@ -188,18 +188,18 @@ class Model:
         return argmax
 
     def nan_error(self) -> NaNLogitsError:
-        """The NaNLogitsError for this model's file (its path; for a file of the model cache, how to
-        fetch it again: a cached file is checked by size only when reused, not by hash)."""
-        from .models import cache_dir
+        """The NaNLogitsError naming this model's file; for a file of the model cache its advice says
+        how to fetch it again (a cached file is checked by size only when reused, not by hash)."""
+        from .models import cache_path
 
-        path = self.gguf.path.resolve()
-        hint = ""
+        path = self.gguf.path
+        advice = ""
         try:
-            if path.parent == cache_dir().resolve():
-                hint = f"; it is a cached download: delete {path} to fetch it again"
-        except OSError:  # the cache directory cannot be made: no hint
+            if path.resolve().parent == cache_path().resolve():
+                advice = f"{path.resolve()} is a cached download: delete it to fetch it again"
+        except OSError:  # an unresolvable path: no advice
             pass
-        return NaNLogitsError(f"{path}: {NaNLogitsError.MESSAGE}{hint}")
+        return NaNLogitsError(f"{path.name}: {NaNLogitsError.MESSAGE}", advice)
 
     def prefill(self, tokens: Sequence[int], start: int, *, logits: bool = True) -> np.ndarray:
         """Evaluate a prompt in chunks of max_nt; returns the last token's logits [n_vocab] (or its

@@ -74,9 +74,14 @@ MODELS: dict[str, ModelSource] = {
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 
+def cache_path() -> Path:
+    """Where the model cache is: ``$PYMINFER_CACHE`` or ``~/.cache/pyminfer`` (not created)."""
+    return Path(os.environ.get("PYMINFER_CACHE") or Path.home() / ".cache" / "pyminfer")
+
+
 def cache_dir() -> Path:
     """The model cache: ``$PYMINFER_CACHE`` or ``~/.cache/pyminfer`` (created if missing)."""
-    d = Path(os.environ.get("PYMINFER_CACHE") or Path.home() / ".cache" / "pyminfer")
+    d = cache_path()
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -126,7 +126,15 @@ class Sampler:
 
 
 class NaNLogitsError(RuntimeError):
-    """The model produced NaN logits: no token can be chosen (corrupt weights, or an overflow)."""
+    """The model produced NaN logits: no token can be chosen (corrupt weights, or an overflow).
+
+    ``advice``: what the local user can do (e.g. delete a cached download), or "": the CLI prints
+    it after the message; the server does not send it (it names local paths).
+    """
+
+    def __init__(self, message: str, advice: str = ""):
+        super().__init__(message)
+        self.advice = advice
 
     MESSAGE = ("the model produced NaN logits: its weights are probably corrupt (a NaN, or values that "
                "overflow, in the GGUF file)")
