@@ -66,7 +66,8 @@ def main() -> None:
                     for nt in (1, 4):
                         lg = np.empty((nt, cfg["n_vocab"]), np.float32)
                         toks = np.arange(7, 7 + nt, dtype=np.int32)
-                        ctx.forward(toks, np.arange(d, d + nt, dtype=np.int32), np.arange(nt, dtype=np.int32), logits=lg)
+                        pos = np.arange(d, d + nt, dtype=np.int32)
+                        ctx.forward(toks, pos, np.arange(nt, dtype=np.int32), logits=lg)
                         h.update(lg.tobytes())
                     print(f"digest {name} {var}={v} depth {d}: {h.hexdigest()[:16]}")
             ctx.close()

@@ -325,7 +325,7 @@ def main_chat(args: Any) -> int:
                 model.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
             except ChatTemplateError:
                 raise
-            except Exception:  # noqa: BLE001 - a template refusing this probe message is no defect (as the server's probe)
+            except Exception:  # noqa: BLE001 - a template refusing this probe message is no defect (as in server.py)
                 pass
         session = ChatSession(model, draft, params=_params(args), max_tokens=_n_predict(args, model),
                               system=getattr(args, "system", None), spec_draft_n=args.spec_draft_n,

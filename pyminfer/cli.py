@@ -35,7 +35,8 @@ def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 
     p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help=f"context size n_ctx, 1..{INT_MAX} (default min(4096, trained))")
     p.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
-                   help=f"most tokens per forward, at most max(n_ctx, 16); prompts are evaluated in chunks of N (default {ub_default})")
+                   help=f"most tokens per forward, at most max(n_ctx, 16); prompts are evaluated in chunks of N "
+                        f"(default {ub_default})")
 
 
 class _Given(argparse.Action):

@@ -276,11 +276,13 @@ def test_metrics_report_every_draft_position():
     m = Metrics()
     spec = {"rounds": 2, "drafted": 2 * MAX_DEPTH, "accepted": MAX_DEPTH + 1,
             "drafted_per_position": [2] * MAX_DEPTH, "accepted_per_position": [2] + [1] * (MAX_DEPTH - 1)}
-    m.add(5, 3, GenerationResult(text="", prompt_ids=[], generated_ids=[], finish_reason="length", stop_reason="max_tokens",
-                               timings={}, spec=spec), False)
+    res = GenerationResult(text="", prompt_ids=[], generated_ids=[], finish_reason="length", stop_reason="max_tokens",
+                           timings={}, spec=spec)
+    m.add(5, 3, res, False)
     vals = {ln.split()[0]: float(ln.split()[1]) for ln in m.render(True).splitlines() if ln and not ln.startswith("#")}
-    drafted = [vals[f'pyminfer_spec_draft_tokens_at_position_total{{position="{i}"}}'] for i in range(1, MAX_DEPTH + 1)]
-    accepted = [vals[f'pyminfer_spec_accepted_tokens_at_position_total{{position="{i}"}}'] for i in range(1, MAX_DEPTH + 1)]
+    at = range(1, MAX_DEPTH + 1)
+    drafted = [vals[f'pyminfer_spec_draft_tokens_at_position_total{{position="{i}"}}'] for i in at]
+    accepted = [vals[f'pyminfer_spec_accepted_tokens_at_position_total{{position="{i}"}}'] for i in at]
     assert sum(drafted) == vals["pyminfer_spec_draft_tokens_total"] == 2 * MAX_DEPTH
     assert sum(accepted) == vals["pyminfer_spec_accepted_tokens_total"] == MAX_DEPTH + 1
 
