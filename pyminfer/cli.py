@@ -350,8 +350,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return main_serve(args)
 
 
-def _version() -> str:
-    """The installed distribution's version, or 'unknown' in a source checkout without metadata."""
+def package_version() -> str:
+    """The installed pyminfer distribution's version string (importlib.metadata), or 'unknown' in a
+    source checkout without metadata; never raises. Shared by `pyminfer --version` and the server."""
     try:
         from importlib.metadata import version
 
@@ -362,7 +363,7 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pyminfer", description="GGUF inference with speculative decoding")
-    ap.add_argument("--version", action="version", version=f"pyminfer {_version()}")
+    ap.add_argument("--version", action="version", version=f"pyminfer {package_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="generate text from a prompt")

@@ -36,7 +36,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
 
 from .api import LLM, ChatTemplateError
-from .cli import _version
+from .cli import package_version
 from .generate import Chunk, GenerationResult
 from .sampling import SamplingParams
 from .spec import MAX_DEPTH
@@ -45,7 +45,7 @@ from .tokenizer import lone_surrogate
 MAX_POSITIONS = MAX_DEPTH  # speculative draft positions reported in /metrics: every depth a round can take
 
 
-_VERSION = _version()
+_VERSION = package_version()
 
 
 # ---------------------------------------------------------------------------------------------- errors
