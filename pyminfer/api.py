@@ -246,9 +246,10 @@ class LLM:
         ids = self.prompt_ids(prompt)
         params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop)
         if max_tokens is None:
-            # n_ctx is more than fits after any prompt: the generation ends at the latest when
-            # the context is full, with stop_reason 'context'
-            max_tokens = self.n_ctx
+            # n_ctx + 1 is more than fits after any prompt (a one-token prompt leaves room for
+            # n_ctx: the last token needs no position): the generation ends at the latest when the
+            # context is full, with stop_reason 'context'
+            max_tokens = self.n_ctx + 1
         max_tokens = _integer("max_tokens", max_tokens)
         if max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")

@@ -112,9 +112,11 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _n_predict(args: argparse.Namespace, model: Any) -> int:
-    """-n/--n-predict as a token limit for ``model``: -1 (llama.cpp's "no limit") is its n_ctx,
-    which a generation cannot pass anyway; other values as given (checked >= -1 by _check_common)."""
-    return model.n_ctx if args.n_predict == -1 else args.n_predict
+    """-n/--n-predict as a token limit for ``model``: -1 (llama.cpp's "no limit") is n_ctx + 1,
+    which a generation cannot reach (a prompt takes at least one position; the last token needs
+    none, so a one-token prompt leaves room for n_ctx, and n_ctx would end it as 'max_tokens'
+    instead of 'context'); other values as given (checked >= -1 by _check_common)."""
+    return model.n_ctx + 1 if args.n_predict == -1 else args.n_predict
 
 
 def _params(args: argparse.Namespace) -> Any:

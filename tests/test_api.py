@@ -162,6 +162,11 @@ def test_max_tokens_none_runs_to_the_end_of_the_context():
         if r.stop_reason == "context":
             assert r.finish_reason == "length" and len(prompt) + len(r.generated_ids) >= 48
         assert len(r.generated_ids) > 16  # more than any small default would give
+    with LLM("smollm2-135m", device="cpu", n_ctx=16) as m:
+        # one prompt token leaves room for n_ctx = 16 (the last token needs no position): the
+        # limit None stands for must not end that generation as 'max_tokens'
+        r = m.generate([m.tokenize("Hi")[0]], max_tokens=None, temperature=0)
+        assert r.stop_reason == "context" and len(r.generated_ids) == 16, (r.stop_reason, r.generated_ids)
 
 
 def test_unknown_model():

@@ -172,5 +172,11 @@ def test_n_predict_minus_one_runs_to_the_end_of_the_context():
 
     res = json.loads(out.stdout)
     assert res["finish_reason"] == "length" and res["stop_reason"] == "context", res
+    # a one-token prompt leaves room for n_ctx tokens (the last needs no position): -1 must not be
+    # n_ctx there, or the run ends as 'max_tokens' at the same token
+    out = _cli("run", "-m", MODEL, "--device", "cpu", "-c", "16", "-n", "-1", "--temp", "0", "-p", "Hi", "--json")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["stop_reason"] == "context" and len(res["generated_ids"]) == 16, res
     out = _cli("run", "-m", MODEL, "--device", "cpu", "-n", "-2", "-p", "hi")
     assert out.returncode == 1 and "must be >= -1" in out.stderr
