@@ -42,6 +42,21 @@ class MessageError(ValueError):
         self.param = param
 
 
+def _check_spec(spec_draft_n: Any, spec_adaptive: Any, has_draft: bool) -> None:
+    """The speculative settings, as the CLI checks them: spec_draft_n an int in 0..MAX_DEPTH (8)
+    with or without a draft model (a value no run could use is an error, not ignored), and
+    spec_adaptive only with a draft model (its depth is the draft's). Raises TypeError /
+    ValueError."""
+    from .spec import MAX_DEPTH
+
+    if isinstance(spec_draft_n, bool) or not isinstance(spec_draft_n, int):
+        raise TypeError(f"spec_draft_n must be an int, got {type(spec_draft_n).__name__}")
+    if not 0 <= spec_draft_n <= MAX_DEPTH:
+        raise ValueError(f"spec_draft_n must be in 0..{MAX_DEPTH}, got {spec_draft_n}")
+    if spec_adaptive and not has_draft:
+        raise ValueError("spec_adaptive needs a draft model (draft_model=...)")
+
+
 class LLM:
     """A GGUF model ready to generate.
 
@@ -53,8 +68,8 @@ class LLM:
         device: "auto" (CUDA when visible), "cuda" or "cpu".
         n_ctx: context size in tokens (default min(4096, the model's trained context)).
         n_threads: CPU threads (0: all cores).
-        spec_draft_n: draft tokens per speculative round (0..8).
-        spec_adaptive: choose the draft depth each round.
+        spec_draft_n: draft tokens per speculative round (0..8; checked with or without a draft).
+        spec_adaptive: choose the draft depth each round (needs draft_model).
         spec_ngram: n-gram drafts (pyminfer.ngram.NgramSpec(n, m); llama.cpp's
             ``--spec-type ngram-simple``), alone or before the draft model; None: off.
         n_ubatch: most tokens per forward; prompts are evaluated in chunks of it (as
@@ -73,12 +88,10 @@ class LLM:
         from .engine import Model
         from .models import resolve_model
 
-        from .spec import MAX_DEPTH, check_draft
+        from .spec import check_draft
 
         # settings first: a bad one is refused before any (slow) load (n_ctx / n_threads: by Model,
         # before it reads more than the file's header)
-        if isinstance(spec_draft_n, bool) or not isinstance(spec_draft_n, int):
-            raise TypeError(f"spec_draft_n must be an int, got {type(spec_draft_n).__name__}")
         if n_ubatch is not None and (isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int)):
             raise TypeError(f"n_ubatch must be an int or None, got {type(n_ubatch).__name__}")
         if n_ubatch is not None and n_ubatch < 1:
@@ -88,9 +101,8 @@ class LLM:
         if spec_ngram is not None and n_ubatch is not None and n_ubatch < spec_ngram.m + 1:
             raise ValueError(f"n_ubatch {n_ubatch} is too small for n-gram drafts of {spec_ngram.m} tokens: a verify "
                              f"forward takes {spec_ngram.m + 1} tokens")
+        _check_spec(spec_draft_n, spec_adaptive, draft_model is not None)
         if draft_model is not None:
-            if not 0 <= spec_draft_n <= MAX_DEPTH:
-                raise ValueError(f"spec_draft_n must be in 0..{MAX_DEPTH}, got {spec_draft_n}")
             if n_ubatch is not None and n_ubatch < spec_draft_n + 1:
                 raise ValueError(f"n_ubatch {n_ubatch} is too small for spec_draft_n {spec_draft_n}: a verify "
                                  f"forward takes {spec_draft_n + 1} tokens")
@@ -119,6 +131,7 @@ class LLM:
                     spec_adaptive: bool = False, spec_ngram: NgramSpec | None = None) -> "LLM":
         """Wrap already loaded pyminfer.engine.Model objects (e.g. from the CLI's loader); the LLM
         takes ownership (close() frees them). Raises VocabMismatch for an incompatible draft."""
+        _check_spec(spec_draft_n, spec_adaptive, draft is not None)
         self = cls.__new__(cls)
         self.model_path = Path(model.gguf.path)
         self._model, self._draft = model, draft

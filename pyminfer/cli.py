@@ -147,6 +147,10 @@ def _check_common(args: argparse.Namespace) -> None:
             _check_arg_text(v, f"--{opt}")
     if getattr(args, "spec_draft", None) is None and getattr(args, "spec_draft_adaptive", False):
         raise ValueError("--spec-draft-adaptive needs a draft model (--spec-draft MODEL)")
+    n = getattr(args, "spec_draft_n", 4)
+    from .spec import MAX_DEPTH
+    if not 0 <= n <= MAX_DEPTH:  # before the warning below: a value no run could use is an error
+        raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {n}")
     given = getattr(args, "given", None) or set()  # options that only matter beside another one
     for opts, needs, missing in (
             (["--spec-draft-n"], "--spec-draft", getattr(args, "spec_draft", None) is None),
@@ -157,10 +161,6 @@ def _check_common(args: argparse.Namespace) -> None:
             from .engine import log
 
             log(f"pyminfer: warning: {', '.join(ignored)} ignored without {needs}")
-    n = getattr(args, "spec_draft_n", 4)
-    from .spec import MAX_DEPTH
-    if not 0 <= n <= MAX_DEPTH:
-        raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {n}")
     if getattr(args, "spec_draft", None) and args.ubatch_size is not None and args.ubatch_size < n + 1:
         raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for --spec-draft-n {n}: "
                          f"a verify forward takes {n + 1} tokens")

@@ -658,3 +658,20 @@ def test_version_and_missing_command():
     out = _cli()
     err = out.stderr.decode()
     assert out.returncode == 2 and "required: COMMAND" in err and "cmd" not in err, err
+
+
+def test_spec_settings_checked_without_a_draft(smol_path):
+    """spec_draft_n outside 0..8 and spec_adaptive without a draft model are errors in the API as
+    in the CLI (the API took both silently without a draft); the CLI refuses --spec-draft-n 9
+    without first warning that it ignores it."""
+    for kw, err, match in (({"spec_draft_n": 9}, ValueError, "spec_draft_n must be in 0..8, got 9"),
+                           ({"spec_draft_n": -1}, ValueError, "spec_draft_n must be in 0..8, got -1"),
+                           ({"spec_adaptive": True}, ValueError, "spec_adaptive needs a draft model")):
+        with pytest.raises(err, match=match):
+            LLM(smol_path, device="cpu", n_ctx=64, **kw)
+    with Model(smol_path, device="cpu", n_ctx=64) as m:
+        with pytest.raises(ValueError, match="spec_draft_n must be in 0..8"):
+            LLM.from_models(m, spec_draft_n=9)
+    out = _cli("run", "-m", str(smol_path), "--device", "cpu", "-p", "hi", "-n", "2", "--spec-draft-n", "9")
+    err = out.stderr.decode()
+    assert out.returncode == 1 and "must be in 0..8, got 9" in err and "warning" not in err, err
