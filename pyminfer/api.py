@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import numbers
+import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
 
@@ -78,6 +80,7 @@ class LLM:
 
     Raises:
         FileNotFoundError: no such model file, and not a known model name either.
+        TypeError: a model argument that is not a str or path; a setting of the wrong type.
         pyminfer.spec.VocabMismatch: the draft's vocabulary differs from the target's.
         ValueError / RuntimeError / MemoryError: bad file, device or settings.
     """
@@ -106,6 +109,11 @@ class LLM:
             if n_ubatch is not None and n_ubatch < spec_draft_n + 1:
                 raise ValueError(f"n_ubatch {n_ubatch} is too small for spec_draft_n {spec_draft_n}: a verify "
                                  f"forward takes {spec_draft_n + 1} tokens")
+        if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
+            # LLM(123) was "model file not found: 123"
+            raise TypeError(f"model_path must be a str, a path or None, got {type(model_path).__name__}")
+        if draft_model is not None and not isinstance(draft_model, (str, os.PathLike)):
+            raise TypeError(f"draft_model must be a str, a path or None, got {type(draft_model).__name__}")
         self.model_path = resolve_model(None if model_path is None else str(model_path))
         self._model: Any = Model(self.model_path, device=device, n_ctx=n_ctx, n_threads=n_threads, max_nt=n_ubatch)
         self._draft: Any = None
@@ -212,8 +220,9 @@ class LLM:
         """A prompt (str, tokenized with special parsing, or a list of ids) as a list of ids."""
         if isinstance(prompt, str):
             return self.tokenize(prompt, parse_special=True)
-        if isinstance(prompt, (bytes, bytearray)):
-            raise TypeError("prompt must be str or a list of token ids, not bytes")
+        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Iterable):
+            # None or a number read as "token ids must be a list of ints", misleading for text
+            raise TypeError(f"prompt must be str or a list of token ids, got {type(prompt).__name__}")
         return _check_ids(prompt, self.tokenizer.n_vocab)
 
     def generate(self, prompt: Prompt, *, max_tokens: int | None = 128, temperature: float = 0.8, top_k: int = 40,
@@ -297,9 +306,10 @@ class LLM:
         elif isinstance(stop, str):
             stops = [stop]
         else:
-            stops = list(stop)
+            # an int or other non-iterable failed inside list() with "'int' object is not iterable"
+            stops = list(stop) if isinstance(stop, Iterable) and not isinstance(stop, (bytes, bytearray)) else [None]
             if not all(isinstance(s, str) for s in stops):
-                raise TypeError("stop must be a string or a list of strings")
+                raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
         for i, s in enumerate(stops):
             check_unicode(s, f"stop[{i}]")
         # no float()/int() on the raw values: they read "0" as 0.0, True as 1.0 and 2.5 as 2

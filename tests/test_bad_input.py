@@ -675,3 +675,23 @@ def test_spec_settings_checked_without_a_draft(smol_path):
     out = _cli("run", "-m", str(smol_path), "--device", "cpu", "-p", "hi", "-n", "2", "--spec-draft-n", "9")
     err = out.stderr.decode()
     assert out.returncode == 1 and "must be in 0..8, got 9" in err and "warning" not in err, err
+
+
+def test_api_argument_types_named(smol_path):
+    """A wrong type in the Python API gives a TypeError naming the argument: stop=5 was "'int'
+    object is not iterable", a None prompt "token ids must be a list of ints" (meant text?),
+    LLM(123) "model file not found: 123"."""
+    with pytest.raises(TypeError, match="model_path must be a str, a path or None, got int"):
+        LLM(123)
+    with pytest.raises(TypeError, match="draft_model must be a str, a path or None, got float"):
+        LLM(smol_path, device="cpu", draft_model=1.5)
+    with LLM(smol_path, device="cpu", n_ctx=64) as llm:
+        for stop in (5, b"x", [None]):
+            with pytest.raises(TypeError, match="stop must be a string or a list of strings"):
+                llm.generate("Hi", max_tokens=2, stop=stop)
+        for prompt in (None, 5, 2.5, b"Hi"):
+            with pytest.raises(TypeError, match="prompt must be str or a list of token ids"):
+                llm.generate(prompt, max_tokens=2)
+        a = llm.generate("Hi", max_tokens=2, temperature=0, stop=("zz", "yy"))  # tuples and arrays still work
+        b = llm.generate(np.array(llm.tokenize("Hi")), max_tokens=2, temperature=0)
+        assert a.generated_ids == b.generated_ids and len(a.generated_ids) == 2
