@@ -370,8 +370,24 @@ def _check_unicode(obj: Any) -> None:
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    """The JSON body as ``model`` (whatever the Content-Type); APIError 400 when it is not."""
+    """The JSON body as ``model`` (whatever the Content-Type); APIError 400 when it is not.
+    Decoding and validation run in a worker thread (_off_loop)."""
     body = await request.body()
+    return await _off_loop(_parse_body, body, model)
+
+
+async def _off_loop(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread (Starlette's pool), its result or exception as its own.
+    For request work that grows with the request (JSON, chat template, tokenization): on the
+    event loop a 60 MB prompt held every other request, /health included, for a minute before
+    it was refused as longer than n_ctx."""
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args)
+
+
+def _parse_body(body: bytes, model: type[BaseModel]) -> Any:
+    """_parse's work on the bytes of the body."""
     try:
         text = body.decode("utf-8-sig") if body else ""  # (a leading BOM tolerated, as json.loads(bytes) did)
     except UnicodeDecodeError as e:  # JSON text is UTF-8 (RFC 8259): name the byte, not "not JSON"
@@ -689,8 +705,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         # add_eos_token in the GGUF), never one the model does not use
         model_default = None if req.add_special else False
         try:
-            ids = llm.tokenizer.encode(req.content, parse_special=req.parse_special, add_bos=model_default,
-                                       add_eos=model_default)
+            ids = await _off_loop(lambda: llm.tokenizer.encode(req.content, parse_special=req.parse_special,
+                                                               add_bos=model_default, add_eos=model_default))
         except ValueError as e:
             raise APIError(400, str(e), param="content") from None
         if req.with_pieces:
@@ -748,7 +764,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         req = await _parse(request, CompletionRequest)
         state.metrics.count_request("completions")
         llm = check_model(req)
-        ids = completion_prompt(req, llm)
+        ids = await _off_loop(completion_prompt, req, llm)
         params = _params(req)
         n = max_tokens(req, 16)
         cid = f"cmpl-{uuid.uuid4().hex}"
@@ -785,9 +801,12 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         state.metrics.count_request("chat_completions")
         llm = check_model(req)
         msgs = [m.model_dump(exclude_none=True) for m in req.messages]
+
+        def render() -> list[int]:
+            return llm.tokenize(llm.apply_chat_template(msgs, add_generation_prompt=True), parse_special=True)
+
         try:
-            text = llm.apply_chat_template(msgs, add_generation_prompt=True)
-            ids = llm.tokenize(text, parse_special=True)
+            ids = await _off_loop(render)
         except ChatTemplateError as e:  # the model's fault, not the request's
             raise APIError(500, str(e), type="server_error", code="chat_template_error") from None
         except ValueError as e:
@@ -835,7 +854,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         req = await _parse(request, CompletionRequest)
         state.metrics.count_request("completion")
         llm = check_model(req)
-        ids = completion_prompt(req, llm)
+        ids = await _off_loop(completion_prompt, req, llm)
         params = _params(req)
         n = max_tokens(req, None)
 

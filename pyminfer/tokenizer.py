@@ -39,6 +39,10 @@ class UnsupportedTokenizerError(ValueError, NotImplementedError):
 # GGUF token types (tokenizer.ggml.token_type) and llama.cpp-style attribute flags
 # ---------------------------------------------------------------------------------------------------------
 
+# Fragments longer than this (characters) are tokenized by tokenizers' encode_batch, which
+# releases the GIL, instead of encode, which holds it (Tokenizer.encode)
+_GIL_FREE_CHARS = 1 << 16
+
 TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
@@ -544,13 +548,17 @@ class Tokenizer:
             out.append(self.bos_id)
         if text:
             # one encode per fragment: encode_batch would start tokenizers' thread pool, which then
-            # complains (and disables itself) if the process forks later
-            hf_encode = self._hf.encode
+            # complains (and disables itself) if the process forks later. Except for long
+            # fragments: encode holds the GIL throughout (seconds for megabytes, and the server's
+            # event loop with it), encode_batch releases it; the same pipeline, the same ids.
+            hf = self._hf
             for f in self._partition(text, parse_special):
                 if isinstance(f, int):
                     out.append(f)
+                elif len(f) > _GIL_FREE_CHARS:
+                    out.extend(hf.encode_batch([f], add_special_tokens=False)[0].ids)
                 else:
-                    out.extend(hf_encode(f, add_special_tokens=False).ids)
+                    out.extend(hf.encode(f, add_special_tokens=False).ids)
         if (self.add_eos if add_eos is None else add_eos):
             if self.eos_id is None:
                 raise ValueError("add_eos requested but the vocabulary has no EOS token")

@@ -892,3 +892,34 @@ def test_null_content_is_a_400_except_with_tool_calls(local):
               {"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{}"}}]},
           {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
     assert _chat(c, ok).status_code == 200
+
+
+def test_request_work_runs_off_the_event_loop(local, monkeypatch):
+    """Chat templates and tokenization grow with the request: they run in worker threads, not on
+    the event loop (a 60 MB prompt there held every other request, /health too, for a minute
+    before it was refused as longer than n_ctx)."""
+    import asyncio
+
+    c, state = local
+    seen: list[str] = []
+
+    def probe(fn):
+        def wrapped(*a, **k):
+            try:
+                asyncio.get_running_loop()
+                seen.append(f"loop:{fn.__name__}")
+            except RuntimeError:  # no loop running in this thread
+                seen.append("worker")
+            return fn(*a, **k)
+        return wrapped
+
+    llm = state.llm
+    for obj, name in ((llm, "prompt_ids"), (llm, "apply_chat_template"), (llm.tokenizer, "encode")):
+        monkeypatch.setattr(obj, name, probe(getattr(obj, name)))
+    for path, body in (("/v1/completions", {"prompt": "Hi", "max_tokens": 1}),
+                       ("/completion", {"prompt": "Hi", "n_predict": 1}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+                       ("/tokenize", {"content": "Hi"})):
+        r = c.post(path, json=body)
+        assert r.status_code == 200, (path, r.text)
+    assert "worker" in seen and all(s == "worker" for s in seen), seen

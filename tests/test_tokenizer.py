@@ -74,6 +74,33 @@ def test_golden_ids_and_pieces(toks, model_case, mode):
     assert (detok == case["text"]) == gold["roundtrip_equal"]
 
 
+@pytest.mark.parametrize("model_case", TOK_CASES, ids=[_case_id(x) for x in TOK_CASES])
+def test_long_fragment_path_gives_the_golden_ids(toks, model_case, monkeypatch):
+    """Fragments over _GIL_FREE_CHARS go through tokenizers' encode_batch (it releases the GIL,
+    so a huge server prompt does not stall the event loop): with the threshold at 0 every
+    fragment takes that path, and the ids are still llama.cpp's."""
+    import pyminfer.tokenizer as tokmod
+
+    model, case = model_case
+    tok = toks[model]
+    calls = []
+
+    class Spy:  # tokenizers' Tokenizer, counting encode_batch calls
+        def __getattr__(self, name):
+            return getattr(hf, name)
+
+        def encode_batch(self, *a, **k):
+            calls.append(1)
+            return hf.encode_batch(*a, **k)
+
+    hf = tok._hf
+    monkeypatch.setattr(tok, "_hf", Spy())
+    monkeypatch.setattr(tokmod, "_GIL_FREE_CHARS", 0)
+    for mode in MODES:
+        assert tok.encode(case["text"], parse_special=(mode == "parse_special")) == case[mode]["ids"]
+    assert calls or not case["text"]
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("model_case", TOK_CASES, ids=[_case_id(x) for x in TOK_CASES])
 def test_stream_decoder(toks, model_case, mode):
