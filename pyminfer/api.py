@@ -514,7 +514,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
                     parts.append(p["text"])
                 else:
                     raise MessageError(f"messages[{i}].content: only text parts are supported", f"messages.{i}.content")
-            c = "".join(parts)
+            c = "\n".join(parts)  # as vLLM (string content format) and llama.cpp's server join them
         if not isinstance(c, str):
             raise MessageError(f"messages[{i}].content must be a string", f"messages.{i}.content")
         try:

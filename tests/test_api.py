@@ -245,3 +245,10 @@ def test_cut_mid_character_drops_incomplete_bytes(smol_path):
         for n in (1, 2, 3):
             r = llm.generate("Emoji list: 🙂😀🎉", max_tokens=n, temperature=0)
             assert "\ufffd" not in r.text, (n, r.text)
+
+
+def test_text_parts_joined_by_newline(llm):
+    """Several text parts of one message render as their texts joined by "\\n", as vLLM and
+    llama.cpp's server join them (they were concatenated with nothing between)."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}]
+    assert llm.apply_chat_template(parts) == llm.apply_chat_template([{"role": "user", "content": "A\nB"}])
