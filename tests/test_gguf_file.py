@@ -84,3 +84,22 @@ def test_layouts_left_to_gguf_reader_load_alike(smol_path, monkeypatch):
     assert {k: (a - base_f, *r) for k, (a, *r) in fast.tensors.items()} == \
         {k: (a - base_s, *r) for k, (a, *r) in slow.tensors.items()}
     assert fast.meta.keys() == slow.meta.keys() and fast.file_type == slow.file_type
+
+
+def test_misaligned_tensor_offset_is_refused_at_load(tmp_path, smol_path):
+    """A tensor offset off the file's alignment (32) is a load error naming the tensor; it loaded
+    and failed at generation time with "NaN logits"."""
+    import struct
+
+    data = bytearray(smol_path.read_bytes())
+    name = b"token_embd.weight"
+    h = gguf_file.parse(smol_path)
+    assert h is not None
+    at = data.index(struct.pack("<Q", len(name)) + name, 0, h.data_offset) + 8 + len(name)  # its tensor info
+    (nd,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<Q", data, at + 4 + 8 * nd + 4, 3)  # after the dims and the type: the offset
+    p = tmp_path / "misaligned.gguf"
+    p.write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match=r"tensor 'token_embd\.weight' has data offset 3, not a multiple of "
+                                        r"general\.alignment 32"):
+        GGUFModel(p)
