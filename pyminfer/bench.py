@@ -155,6 +155,29 @@ def bench_spec(target: Model, draft: Model | None, args: argparse.Namespace,
     return rows
 
 
+# Context positions the speculative bench allows a chat-templated BENCH_PROMPTS prompt (the
+# longest is ~60 tokens with the Qwen template; a longer one ends its runs at a full context)
+SPEC_PROMPT_POSITIONS = 256
+
+
+def _positions_needed(args: argparse.Namespace, curve_depth: int) -> int:
+    """Context positions the tests main_bench runs need (+ 16 spare): only those it runs. The
+    speculative bench (--spec-draft / --spec-type): its verify curve at VERIFY_CURVE_DEPTH and
+    its prompts plus -n; else --verify-curve: its depth plus VERIFY_CURVE_NT; else pp (-p) and tg
+    (-d plus -n). (-p and -n counted for the modes that do not run them: a --verify-curve at
+    -c 128 was refused as needing 528 positions.)"""
+    from .cli import _ngram
+    from .spec import MAX_DEPTH
+
+    if args.spec_draft or _ngram(args) is not None:
+        need = max(VERIFY_CURVE_DEPTH + MAX_DEPTH + 1, SPEC_PROMPT_POSITIONS + args.n_gen)
+    elif args.verify_curve:
+        need = curve_depth + VERIFY_CURVE_NT
+    else:
+        need = max(args.n_prompt, args.depth + args.n_gen)
+    return need + 16
+
+
 def main_bench(args: argparse.Namespace) -> int:
     from .models import resolve_model
 
@@ -162,7 +185,7 @@ def main_bench(args: argparse.Namespace) -> int:
     # pp: the prompt in forwards of -ub rows, by default one of up to 512 (llama-bench's n_ubatch)
     max_nt = args.ubatch_size or max(64, min(args.n_prompt, 512))
     curve_depth = args.depth or VERIFY_CURVE_DEPTH  # -d moves the curve (a verify batch at long context)
-    need = max(args.n_prompt, args.depth + args.n_gen, curve_depth + VERIFY_CURVE_NT if args.verify_curve else 0) + 16
+    need = _positions_needed(args, curve_depth)
     if need > INT_MAX:  # the core's n_ctx is a C int
         raise ValueError(f"-p/-n/-d: these tests need {need} context positions, more than the core's {INT_MAX}")
     if args.ctx_size is not None and args.ctx_size < need:

@@ -66,6 +66,13 @@ def test_verify_curve_at_depth(smol_path):
     assert {r["depth"] for r in rows} == {300} and [r["nt"] for r in rows] == list(range(1, 17))
     small = bench("-m", str(smol_path), "--verify-curve", "-d", "300", "-c", "300", ok=False)
     assert small.returncode != 0 and "-c 300 is too small" in small.stderr
+    # -p / -n are not run with --verify-curve: their defaults (512 / 128) do not count against -c
+    rows = json.loads(bench("-m", str(smol_path), "--verify-curve", "-d", "32", "-c", "64", "-o", "json").stdout)
+    assert {r["depth"] for r in rows} == {32}
+    # the speculative bench's own verify curve (depth 256, 9 rows) is counted: a clear error, not
+    # one from the core about positions past n_ctx
+    small = bench("-m", str(smol_path), "--spec-draft", str(smol_path), "-n", "8", "-c", "128", ok=False)
+    assert small.returncode == 1 and "-c 128 is too small for these tests (they need 281 positions)" in small.stderr
 
 
 def test_spec_draft(smol_path):
