@@ -114,6 +114,22 @@ def _nonempty(v: Any) -> bool:
     return v is not None and not (isinstance(v, (str, list, dict)) and not v)
 
 
+def _biased(v: Any) -> bool:
+    """logit_bias "asks for something" unless null or every bias is the number 0: an object
+    {token: bias} (OpenAI) or a list of [token, bias] pairs (llama.cpp, where false bans the
+    token); anything else counts as asking (and is refused with the field named)."""
+    def zero(b: Any) -> bool:
+        return isinstance(b, (int, float)) and not isinstance(b, bool) and b == 0
+
+    if v is None:
+        return False
+    if isinstance(v, dict):
+        return not all(zero(b) for b in v.values())
+    if isinstance(v, list):
+        return not all(isinstance(p, list) and len(p) == 2 and zero(p[1]) for p in v)
+    return True
+
+
 def _true(v: Any) -> bool:
     return v is not None and v is not False and v != 0
 
@@ -144,7 +160,7 @@ _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_of": (_other_than(1), "one candidate is generated per request"),
     "frequency_penalty": (_other_than(0), "for penalties use repeat_penalty"),
     "presence_penalty": (_other_than(0), "for penalties use repeat_penalty"),
-    "logit_bias": (_nonempty, "logit biases are not applied"),
+    "logit_bias": (_biased, "logit biases are not applied"),
     "tools": (_nonempty, "no tool calling"),
     "tool_choice": (_not_none_or_auto, "no tool calling"),
     "functions": (_nonempty, "no function calling"),

@@ -692,7 +692,8 @@ UNIMPLEMENTED = [
     ("mirostat", 2), ("typical_p", 0.5), ("tfs_z", 0.9), ("grammar", "root ::= \"yes\""),
     ("json_schema", {"type": "object"}), ("ignore_eos", True), ("suffix", "return x"), ("n_probs", 3),
     ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("logit_bias", [[15043, 1.0]]),
-    ("logit_bias", {"15043": -100}), ("dynatemp_range", 0.5), ("top_n_sigma", 1.0), ("samplers", ["top_k"]),
+    ("logit_bias", {"15043": -100}), ("logit_bias", {"15043": 0, "16": 2}), ("logit_bias", [[15043, False]]),
+    ("dynatemp_range", 0.5), ("top_n_sigma", 1.0), ("samplers", ["top_k"]),
     ("chat_template_kwargs", {"enable_thinking": False}), ("t_max_predict_ms", 100),
     ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("functions", [{"name": "f"}]), ("function_call", "auto_x"), ("response_format", {"type": "json_object"}),
@@ -736,6 +737,9 @@ def test_neutral_and_harmless_fields_are_accepted(local):
     r = c.post("/v1/completions", json={**base, **neutral})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == plain
+    for bias in ({"15043": 0, "16": 0.0}, [[15043, 0]]):  # zero biases change nothing: accepted
+        r = c.post("/v1/completions", json={**base, "logit_bias": bias})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain, r.text
 
 
 def test_retrieve_model_head_health_and_cors(local):
