@@ -526,6 +526,29 @@ class ServerState:
         self.metrics = Metrics()
         self.on_load_error: Callable[[BaseException], None] | None = None
         self.created = int(time.time())
+        # shutdown (Ctrl-C): every generation's cancel event is set, so streams end with an error
+        # event and [DONE] inside uvicorn's graceful period instead of being killed mid-stream
+        self.closing = threading.Event()
+        self._cancels: set[threading.Event] = set()
+        self._cancels_lock = threading.Lock()
+
+    def track(self, cancel: threading.Event) -> None:
+        """Register a generation's cancel event (set at once when the server is shutting down)."""
+        with self._cancels_lock:
+            self._cancels.add(cancel)
+            if self.closing.is_set():
+                cancel.set()
+
+    def untrack(self, cancel: threading.Event) -> None:
+        with self._cancels_lock:
+            self._cancels.discard(cancel)
+
+    def begin_shutdown(self) -> None:
+        """Stop every generation at its next token (the server is exiting)."""
+        with self._cancels_lock:
+            self.closing.set()
+            for c in self._cancels:
+                c.set()
 
     def load(self) -> None:
         try:
@@ -939,11 +962,17 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
     return res
 
 
+def _shutting_down() -> APIError:
+    """The error of a generation stopped because the server is exiting (ServerState.begin_shutdown)."""
+    return APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down")
+
+
 async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams,
                n: int | None, cache: bool = True) -> GenerationResult:
     """A non-streaming generation; a client that goes away cancels it."""
     cancel = threading.Event()
     loop = asyncio.get_running_loop()
+    state.track(cancel)
     with state.metrics.lock:
         state.metrics.processing += 1
     try:
@@ -959,9 +988,12 @@ async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], p
         cancel.set()
         raise
     finally:
+        state.untrack(cancel)
         with state.metrics.lock:
             state.metrics.processing -= 1
     if res is None:
+        if state.closing.is_set():
+            raise _shutting_down()
         raise APIError(499, "the client closed the request", code="client_closed")
     return res
 
@@ -992,6 +1024,7 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
         except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
             put(("error", e))
 
+    state.track(cancel)
     with state.metrics.lock:
         state.metrics.processing += 1
     loop.run_in_executor(state.worker, work)
@@ -1010,6 +1043,10 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
                         yield sse(delta(val))
                 elif kind == "done":
                     if val is None:
+                        if state.closing.is_set():  # not a disconnect: tell the client why it ends
+                            yield sse(_shutting_down().body())
+                            if done_marker:
+                                yield b"data: [DONE]\n\n"
                         return
                     fin = final(val)
                     yield sse(fin)
@@ -1030,6 +1067,7 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
                     return
         finally:
             cancel.set()  # a disconnect (or any early exit) stops the generation at the next token
+            state.untrack(cancel)
             with state.metrics.lock:
                 state.metrics.processing -= 1
 
@@ -1090,7 +1128,12 @@ def main_serve(args: Any) -> int:
     app = create_app(state)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,
                             timeout_graceful_shutdown=3)
-    server = uvicorn.Server(config)
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # Ctrl-C / SIGTERM
+            state.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    server = _Server(config)
     failed: list[BaseException] = []
 
     def on_fail(e: BaseException) -> None:

@@ -927,3 +927,31 @@ def test_request_work_runs_off_the_event_loop(local, monkeypatch):
         r = c.post(path, json=body)
         assert r.status_code == 200, (path, r.text)
     assert "worker" in seen and all(s == "worker" for s in seen), seen
+
+
+def test_shutdown_ends_streams_with_an_error_event(local):
+    """Ctrl-C (ServerState.begin_shutdown, from uvicorn's exit handler): a running stream stops at
+    its next token and ends with a 503 error event and [DONE] (it was cancelled by uvicorn after
+    its graceful period: a traceback in the log, and no end for the client); a request arriving
+    then is a 503. A state of its own: the shared one must not be left closing."""
+    from pyminfer.server import ServerState
+
+    _, shared = local
+    state = ServerState(lambda: shared.llm, aliases=[MODEL])
+    with _serving(state, 60) as c:
+        body = {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "stream": True}
+        events = []
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 1:
+                    state.begin_shutdown()
+        assert events[-1] == "[DONE]", events
+        err = json.loads(events[-2])["error"]
+        assert err["code"] == "server_shutting_down" and err["type"] == "server_error", err
+        assert len(events) < 100  # stopped early, not run to max_tokens
+        r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down", r.text
