@@ -129,7 +129,15 @@ class GGUFModel:
         self.weight_bytes = 0
         file_size = self.data.size
         base = int(self.data.ctypes.data)
+        # the GGUF spec aligns the data section and every tensor in it to general.alignment (the
+        # header readers check it is a power of two); a kernel may rely on it
+        align = self.meta.get("general.alignment", 32)
+        if isinstance(align, bool) or not isinstance(align, (int, np.integer)) or align <= 0 or align & (align - 1):
+            raise GGUFError(f"{self.path}: general.alignment {align!r} is not a power of two: the file is corrupt")
         for t in infos:
+            if t.offset % align:  # it loaded and failed at generation time as "NaN logits"
+                raise GGUFError(f"{self.path}: tensor {t.name!r} starts at byte {t.offset}, not a multiple of "
+                                f"general.alignment {align}: the file is corrupt")
             if t.type not in SUPPORTED_TYPES:
                 raise GGUFError(f"{self.path}: tensor {t.name!r} has unsupported type {_ggml_type_name(t.type)} "
                                 f"(ggml type {t.type}); supported: {', '.join(SUPPORTED_TYPES.values())}")

@@ -544,7 +544,8 @@ class ServerState:
             self._cancels.discard(cancel)
 
     def begin_shutdown(self) -> None:
-        """Stop every generation at its next token (the server is exiting)."""
+        """Stop every generation at its next token (the server is exiting). Called on the event
+        loop (uvicorn's shutdown), never from a signal handler: track / untrack hold the lock."""
         with self._cancels_lock:
             self.closing.set()
             for c in self._cancels:
@@ -749,7 +750,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         except ValueError as e:
             raise APIError(400, str(e), param="content") from None
         if req.with_pieces:
-            return JSONResponse({"tokens": [{"id": i, "piece": _piece(llm.tokenizer.token_to_piece(i))} for i in ids]})
+            pieces = await _off_loop(lambda: [{"id": i, "piece": _piece(llm.tokenizer.token_to_piece(i))} for i in ids])
+            return JSONResponse({"tokens": pieces})
         return JSONResponse({"tokens": ids})
 
     @app.post("/detokenize")
@@ -757,7 +759,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         req = await _parse(request, DetokenizeRequest)
         llm = state.require()
         try:
-            return JSONResponse({"content": llm.detokenize(req.tokens)})
+            return JSONResponse({"content": await _off_loop(llm.detokenize, req.tokens)})
         except ValueError as e:
             raise APIError(400, str(e), param="tokens") from None
 
@@ -936,8 +938,8 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
          emit: Callable[[Chunk], None] | None, cache: bool = True) -> GenerationResult | None:
     """Runs in the single worker thread: one generation, stopped early when ``cancel`` is set;
     ``cache``: the request's cache_prompt (LLM.generate's)."""
-    if cancel.is_set():
-        state.metrics.add(0, 0, None, True)
+    if cancel.is_set():  # a disconnect while queued, or the server shutting down (an error, not a cancel)
+        state.metrics.add(0, 0, None, not state.closing.is_set())
         return None
     res: GenerationResult | None = None
     n_gen = 0
@@ -958,7 +960,9 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
         it.close()  # type: ignore[attr-defined]
     if res is not None:
         n_gen = len(res.generated_ids)
-    state.metrics.add(len(ids), n_gen, res, res is None)
+    # stopped by a client disconnect (not by the server shutting down: that is an error, counted
+    # with the 503 it answers)
+    state.metrics.add(len(ids), n_gen, res, res is None and not state.closing.is_set())
     return res
 
 
@@ -1007,6 +1011,8 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
     ``delta(text)`` per piece, then ``final(result)``, then a usage-only chunk from ``usage_piece``
     when given), then ``data: [DONE]`` unless ``done_marker`` is false (llama.cpp's /completion
     has none). The generation stops at the next token when the client disconnects."""
+    if state.closing.is_set():  # a 503 response, not a 200 stream that holds only the error
+        raise _shutting_down()
     loop = asyncio.get_running_loop()
     cancel = threading.Event()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -1044,6 +1050,8 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
                 elif kind == "done":
                     if val is None:
                         if state.closing.is_set():  # not a disconnect: tell the client why it ends
+                            with state.metrics.lock:
+                                state.metrics.errors += 1
                             yield sse(_shutting_down().body())
                             if done_marker:
                                 yield b"data: [DONE]\n\n"
@@ -1129,9 +1137,12 @@ def main_serve(args: Any) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,
                             timeout_graceful_shutdown=3)
     class _Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:  # Ctrl-C / SIGTERM
+        async def shutdown(self, sockets: Any = None) -> None:
+            # on the event loop, ~0.1 s after Ctrl-C / SIGTERM and before the graceful wait: not in
+            # the signal handler (handle_exit), which runs on this same thread and could interrupt
+            # track / untrack holding the lock begin_shutdown takes (a deadlock)
             state.begin_shutdown()
-            super().handle_exit(sig, frame)
+            await super().shutdown(sockets)
 
     server = _Server(config)
     failed: list[BaseException] = []

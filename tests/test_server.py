@@ -953,5 +953,51 @@ def test_shutdown_ends_streams_with_an_error_event(local):
         err = json.loads(events[-2])["error"]
         assert err["code"] == "server_shutting_down" and err["type"] == "server_error", err
         assert len(events) < 100  # stopped early, not run to max_tokens
-        r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
-        assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down", r.text
+        for stream in (False, True):  # a request arriving then is a 503, a stream too (not a 200 stream)
+            r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "stream": stream})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down", r.text
+        metrics = {ln.split()[0]: float(ln.split()[1]) for ln in c.get("/metrics").text.splitlines()
+                   if ln and not ln.startswith("#")}
+        # the stopped stream and the two 503s are errors; none is a client disconnect
+        assert metrics["pyminfer_request_errors_total"] == 3 and metrics["pyminfer_requests_cancelled_total"] == 0, metrics
+
+
+def test_sigterm_mid_stream_ends_it_cleanly(tmp_path):
+    """SIGTERM to a real `pyminfer serve` (uvicorn's shutdown, on the event loop): the running
+    stream gets the 503 event and [DONE], the process exits, and the log has no traceback."""
+    import signal
+
+    ensure_model(MODEL, progress=False)
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "pyminfer", "serve", "-m", MODEL, "--device", "cpu", "-c", "1024",
+                                 "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.time() + 120
+            while True:
+                assert proc.poll() is None and time.time() < deadline, log_path.read_text()
+                try:
+                    if httpx.get(base + "/health", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            events = []
+            body = {"prompt": "Once upon a time", "max_tokens": 900, "temperature": 0, "stream": True}
+            with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        if len(events) == 1:
+                            proc.send_signal(signal.SIGTERM)
+            assert events[-1] == "[DONE]", events[-3:]
+            assert json.loads(events[-2])["error"]["code"] == "server_shutting_down"
+            assert proc.wait(30) is not None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log_path.read_text()
+    assert "Traceback" not in text and "timeout graceful shutdown exceeded" not in text, text
