@@ -1030,15 +1030,16 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
         except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
             put(("error", e))
 
-    state.track(cancel)
-    with state.metrics.lock:
-        state.metrics.processing += 1
-    loop.run_in_executor(state.worker, work)
-
     def sse(obj: Any) -> bytes:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
     async def events() -> AsyncIterator[bytes]:
+        # the job starts with the body, so the finally below always pairs with it: a client gone
+        # before the body started left a generation running to its limit, never untracked
+        state.track(cancel)
+        with state.metrics.lock:
+            state.metrics.processing += 1
+        loop.run_in_executor(state.worker, work)
         try:
             for d in first():
                 yield sse(d)
