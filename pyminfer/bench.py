@@ -160,16 +160,15 @@ def bench_spec(target: Model, draft: Model | None, args: argparse.Namespace,
 SPEC_PROMPT_POSITIONS = 256
 
 
-def _positions_needed(args: argparse.Namespace, curve_depth: int) -> int:
+def _positions_needed(args: argparse.Namespace, curve_depth: int, spec: bool) -> int:
     """Context positions the tests main_bench runs need (+ 16 spare): only those it runs. The
-    speculative bench (--spec-draft / --spec-type): its verify curve at VERIFY_CURVE_DEPTH and
+    speculative bench (``spec``: --spec-draft / --spec-type given): its verify curve at VERIFY_CURVE_DEPTH and
     its prompts plus -n; else --verify-curve: its depth plus VERIFY_CURVE_NT; else pp (-p) and tg
     (-d plus -n). (-p and -n counted for the modes that do not run them: a --verify-curve at
     -c 128 was refused as needing 528 positions.)"""
-    from .cli import _ngram
     from .spec import MAX_DEPTH
 
-    if args.spec_draft or _ngram(args) is not None:
+    if spec:
         need = max(VERIFY_CURVE_DEPTH + MAX_DEPTH + 1, SPEC_PROMPT_POSITIONS + args.n_gen)
     elif args.verify_curve:
         need = curve_depth + VERIFY_CURVE_NT
@@ -185,16 +184,16 @@ def main_bench(args: argparse.Namespace) -> int:
     # pp: the prompt in forwards of -ub rows, by default one of up to 512 (llama-bench's n_ubatch)
     max_nt = args.ubatch_size or max(64, min(args.n_prompt, 512))
     curve_depth = args.depth or VERIFY_CURVE_DEPTH  # -d moves the curve (a verify batch at long context)
-    need = _positions_needed(args, curve_depth)
+    from .cli import _ngram
+
+    ngram = _ngram(args)
+    need = _positions_needed(args, curve_depth, spec=bool(args.spec_draft) or ngram is not None)
     if need > INT_MAX:  # the core's n_ctx is a C int
         raise ValueError(f"-p/-n/-d: these tests need {need} context positions, more than the core's {INT_MAX}")
     if args.ctx_size is not None and args.ctx_size < need:
         raise ValueError(f"-c {args.ctx_size} is too small for these tests (they need {need} positions)")
     m = Model(path, device=args.device, n_ctx=args.ctx_size or max(need, 512), n_threads=args.threads, max_nt=max_nt)
     info = {"model": path.name, "size_GiB": m.gguf.weight_bytes / 2**30, "type": m.gguf.file_type, "device": m.device}
-    from .cli import _ngram
-
-    ngram = _ngram(args)
     if args.spec_draft or ngram is not None:
         d = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=m.n_ctx, n_threads=args.threads,
                   max_nt=args.ubatch_size) if args.spec_draft else None

@@ -20,7 +20,6 @@ from .engine import ContextFull, log
 from .generate import Chunk, GenerationResult, generate_stream
 from .ngram import NgramSpec
 from .sampling import SamplingParams
-from .tokenizer import ChatTemplateError
 
 HELP = "commands: /clear (new conversation), /exit (quit; or Ctrl-D), /help; Ctrl-C stops a reply"
 
@@ -321,12 +320,7 @@ def main_chat(args: Any) -> int:
         if not model.tokenizer.chat_template:
             log("pyminfer: warning: this model has no chat template; replies may be poor")
         else:  # every turn renders it: a template that does not compile is an error now, not at turn 1
-            try:
-                model.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
-            except ChatTemplateError:
-                raise
-            except Exception:  # noqa: BLE001 - a template refusing this probe message is no defect (as in server.py)
-                pass
+            model.tokenizer.check_chat_template()
         session = ChatSession(model, draft, params=_params(args), max_tokens=_n_predict(args, model),
                               system=getattr(args, "system", None), spec_draft_n=args.spec_draft_n,
                               spec_adaptive=args.spec_draft_adaptive, spec_ngram=_ngram(args))

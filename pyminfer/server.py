@@ -540,6 +540,7 @@ class ServerState:
                 cancel.set()
 
     def untrack(self, cancel: threading.Event) -> None:
+        """Forget a finished generation's cancel event (track's counterpart)."""
         with self._cancels_lock:
             self._cancels.discard(cancel)
 
@@ -566,13 +567,11 @@ class ServerState:
             # a template that does not compile fails every chat request (500): say so at startup, but
             # keep serving, since /v1/completions and the token endpoints still work
             try:
-                llm.apply_chat_template([{"role": "user", "content": "hi"}])
+                llm.tokenizer.check_chat_template()
             except ChatTemplateError as e:
                 from .engine import log
 
                 log(f"pyminfer: warning: {e}")
-            except Exception:  # noqa: BLE001 - a template refusing this probe message is no defect
-                pass
         self.llm = llm
 
     @property

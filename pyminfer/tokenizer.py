@@ -616,15 +616,13 @@ class Tokenizer:
         these messages fails inside it (a jinja error, or a TypeError / KeyError ... from a field
         the template expects).
         """
-        from jinja2 import TemplateError, TemplateSyntaxError
+        from jinja2 import TemplateError
 
         if not self.chat_template:
             raise ValueError("this GGUF has no chat template (tokenizer.chat_template is missing)")
-        compiled = getattr(self, "_compiled_template", None)
+        self.check_chat_template()  # ChatTemplateError when it does not compile
+        compiled = self._compiled_template
         try:
-            if compiled is None:
-                compiled = _compile_template(self.chat_template)
-                self._compiled_template = compiled
             ctx: dict[str, Any] = {
                 "bos_token": self._tokens[self.bos_id] if self.bos_id is not None else "",
                 "eos_token": self._tokens[self.eos_id] if self.eos_id is not None else "",
@@ -633,15 +631,26 @@ class Tokenizer:
             ctx["messages"] = messages
             ctx["add_generation_prompt"] = add_generation_prompt
             return compiled.render(**ctx)
-        except TemplateSyntaxError as e:
-            raise ChatTemplateError(f"this model's chat template (tokenizer.chat_template in the GGUF) does not "
-                                    f"compile: {e.message} (template line {e.lineno}); chat requests cannot be "
-                                    "rendered: give a raw prompt instead") from e
         except ValueError:  # the template's raise_exception: already says what is wrong
             raise
         except (TemplateError, TypeError, AttributeError, KeyError, IndexError) as e:
             # an error inside the render, e.g. a template that needs a field these messages lack
             raise ValueError(f"the chat template could not render these messages: {type(e).__name__}: {e}") from e
+
+    def check_chat_template(self) -> None:
+        """Compile the GGUF's chat template (cached for apply_chat_template), so that a broken one
+        is found at startup rather than at the first chat turn. No template: nothing to check.
+        Raises ChatTemplateError when it does not compile (a jinja syntax error)."""
+        from jinja2 import TemplateSyntaxError
+
+        if not self.chat_template or getattr(self, "_compiled_template", None) is not None:
+            return
+        try:
+            self._compiled_template = _compile_template(self.chat_template)
+        except TemplateSyntaxError as e:
+            raise ChatTemplateError(f"this model's chat template (tokenizer.chat_template in the GGUF) does not "
+                                    f"compile: {e.message} (template line {e.lineno}); chat requests cannot be "
+                                    "rendered: give a raw prompt instead") from e
 
     def __repr__(self) -> str:
         return (f"Tokenizer(model={self.model_type!r}, pre={self.pre_type!r}, n_vocab={self.n_vocab}, "
