@@ -818,6 +818,30 @@ def test_attention_many_splits(shape, P, kernel, monkeypatch):
             assert np.array_equal(lb, ln if shape == "kv8_hd128" else la)
 
 
+@pytest.mark.parametrize("shape,P,splits", [("per_head_g16", 4200, "100"), ("g6_hd128", 8450, "100"),
+                                            ("g6_hd128", 8450, "70"), ("g6_hd128", 8450, "64")])
+def test_attention_mma_more_than_64_splits(shape, P, splits, monkeypatch):
+    """The tensor-core kernel may take up to MI_ATTN_MMA_SPLITS (128) splits (the CUDA-core kernel
+    64): per_head_g16 (4 warps, 64-slot tiles) at 4200 cached positions takes 66 splits of 64 slots
+    under MI_CUDA_ATTN_SPLITS=100, g6_hd128 (8 warps, 128-slot tiles; the 1.5B's layout) at 8450
+    takes 67 of 128 (100 or 70: the merge launch's 8-part and 4-part instances) or 34 of 256 (64).
+    The batch equals its single forwards bitwise and the
+    CPU within NMSE 1e-5; rows of > 64 splits take the combine launch whatever
+    MI_CUDA_ATTN_COMBINE_FROM says (the last-block merge holds 64), so 65 ("never") gives the same
+    bits as 1 there, and other bits than 64 splits."""
+    monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1")
+    monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
+    model, prompt, batch = attn_case(shape, 23, P, P, n_batch=3)
+    la = check_batch_rows_under(monkeypatch, "MI_CUDA_ATTN_COMBINE_FROM", "1", model, prompt, batch)
+    (ln, _), = batch_under_env(monkeypatch, "MI_CUDA_ATTN_COMBINE_FROM", ("65",), model, prompt, batch)
+    if splits != "64":
+        assert np.array_equal(la, ln)
+        (l64, _), = batch_under_env(monkeypatch, "MI_CUDA_ATTN_SPLITS", ("64",), model, prompt, batch)
+        assert not np.array_equal(la, l64)
+    else:  # 34 splits: the last-block merge, another order than the launch's
+        assert not np.array_equal(la, ln)
+
+
 def check_batch_rows_under(monkeypatch, var, value, model, prompt, batch, graphs=True):
     """check_batch_rows with the environment variable ``var`` set to ``value`` (restored after)."""
     with monkeypatch.context() as m:
@@ -978,7 +1002,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
     assert np.array_equal(out[0][0], out[1][0])
 
 
-@pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "65"),
+@pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "129"),
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"), ("MI_CUDA_NORM_PRE", "8"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "0"), ("MI_CUDA_MMVQ_WARP_ROWS", "4k"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "+12"),

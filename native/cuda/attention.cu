@@ -195,7 +195,7 @@ __device__ __forceinline__ void mi_attn_merge(const float *__restrict__ part, in
                                               float *__restrict__ att, mi_block_q8a *__restrict__ xq, int lane) {
     constexpr int HD = DPL * 32;
     const int qd = n_head * HD;
-    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
+    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_MMA_SPLITS * (HD + 2);
     const float m0 = lane < n_used ? __ldcg(p + lane * (HD + 2)) : -INFINITY;
     const float m1 = lane + 32 < n_used ? __ldcg(p + (lane + 32) * (HD + 2)) : -INFINITY;
     const float l0 = lane < n_used ? __ldcg(p + lane * (HD + 2) + 1) : 0.0f;
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(G * MI_ATTN_THREADS)
         float a = 0.0f;
 #pragma unroll
         for (int w = 0; w < MI_ATTN_WARPS; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[hh][w][dd], sm_e[hh][w]));
-        float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
+        float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_MMA_SPLITS + s) * (HD + 2);
         out[2 + dd] = a;
         if (dd == 0) {
             float L = 0.0f;
@@ -606,7 +606,7 @@ __global__ void __launch_bounds__(NW * 32)
                 float a = 0.0f;
 #pragma unroll
                 for (int w = 0; w < NW; w++) a = __fadd_rn(a, __fmul_rn(sm_acc[w][hh][dd], sm_e[w][hh]));
-                float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_SPLITS + s) * (HD + 2);
+                float *out = part + (((int64_t)t * n_head + h0 + hh) * MI_ATTN_MMA_SPLITS + s) * (HD + 2);
                 out[2 + dd] = a;
                 if (dd == 0) {
                     float L = 0.0f;
@@ -713,19 +713,23 @@ __global__ void __launch_bounds__(NW * 32)
 
 // The tensor-core kernel's split merge as a launch of its own, for rows of >= combine_from splits
 // (context.cu: every row for models with <= 2 KV heads on the H200, else none; the kernel's last
-// block merges the others, as mi_attn_kernel does). Block = (query head h, row t), 4 x HD
-// threads: thread (q, dd) loads the M, L and acc[dd] of splits q, q + 4, .. (16 at most), all in
-// flight at once, and merges them; then the 4 quarters are merged in order and the output
+// block merges the others, as mi_attn_kernel does). Block = (query head h, row t), Q x HD
+// threads: thread (q, dd) loads the M, L and acc[dd] of splits q, q + Q, .. (16 at most), all in
+// flight at once, and merges them; then the Q parts are merged in order and the output
 // quantized. So the merge is one round of loads spread over n_head blocks, where the last-block
 // merge is a fence, a counter and five dependent rounds in one block (~5-7 us a layer at 4k-16k on
-// the 1.5B shape: docs/perf.md, session 8). Splits: those of mi_attn_mma_kernel (tile, max_splits,
-// pos[t]), merged in a fixed order: rows stay bitwise equal across nt.
-template <int HD>
-__global__ void __launch_bounds__(4 * HD)
+// the 1.5B shape: docs/perf.md, session 8). SPQ splits a thread: Q = 4, SPQ = 16 up to 64 splits;
+// Q = 4, SPQ = 18 up to 72 (66 on the H200 for 2 KV heads: the same 512-thread block, since 8 parts
+// cost the 1.5B shape 2 us a layer at 4k, session 25); Q = 8, SPQ = 16 up to 128 (32 a thread
+// spilled and cost the 1.5B shape ~3 us a layer at 16k, session 23).
+// Splits: those of mi_attn_mma_kernel (tile, max_splits, pos[t]), Q by max_splits, merged in a
+// fixed order: rows stay bitwise equal across nt.
+template <int HD, int Q, int SPQ>
+__global__ void __launch_bounds__(Q * HD)
     mi_attn_combine_kernel(const float *__restrict__ part, const int32_t *__restrict__ pos, int n_head, int tile,
                            int max_splits, int combine_from, float *__restrict__ att, mi_block_q8a *__restrict__ xq,
                            int lo, int hi) {
-    constexpr int Q = 4, SPQ = MI_ATTN_SPLITS / Q;
+    static_assert(Q * SPQ <= MI_ATTN_MMA_SPLITS, "more splits than the partials' stride");
     const int h = blockIdx.x, t = blockIdx.y, q = threadIdx.x / HD, dd = threadIdx.x % HD;
     const bool mine = pos[t] >= lo && pos[t] < hi;
     int S, n_used;
@@ -733,7 +737,7 @@ __global__ void __launch_bounds__(4 * HD)
     mi_pdl_wait();
     mi_pdl_trigger();
     if (!mine || n_used < combine_from) return;
-    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_SPLITS * (HD + 2);
+    const float *p = part + ((int64_t)t * n_head + h) * MI_ATTN_MMA_SPLITS * (HD + 2);
     float mk[SPQ], lk[SPQ], v[SPQ];
 #pragma unroll
     for (int i = 0; i < SPQ; i++) {
@@ -766,7 +770,7 @@ __global__ void __launch_bounds__(4 * HD)
     float A = 0.0f, LT = 0.0f;
 #pragma unroll
     for (int k = 0; k < Q; k++) {
-        const float e = sM[k] == -INFINITY ? 0.0f : expf(sM[k] - MT); // a quarter without splits adds 0
+        const float e = sM[k] == -INFINITY ? 0.0f : expf(sM[k] - MT); // a part without splits adds 0
         A = __fadd_rn(A, __fmul_rn(sA[k][dd], e));
         LT = __fadd_rn(LT, __fmul_rn(sL[k], e));
     }
@@ -817,7 +821,14 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
                                  0, a.hint_steps);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
-            return mi_launch(mi_attn_combine_kernel<DPL * 32>, dim3(a.n_head, a.nt), 4 * DPL * 32, s, a.part, a.pos,
+            const dim3 cg(a.n_head, a.nt);
+            if (a.max_splits <= 4 * 16)
+                return mi_launch(mi_attn_combine_kernel<DPL * 32, 4, 16>, cg, 4 * DPL * 32, s, a.part, a.pos,
+                                 a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
+            if (a.max_splits <= 4 * 18)
+                return mi_launch(mi_attn_combine_kernel<DPL * 32, 4, 18>, cg, 4 * DPL * 32, s, a.part, a.pos,
+                                 a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
+            return mi_launch(mi_attn_combine_kernel<DPL * 32, 8, 16>, cg, 8 * DPL * 32, s, a.part, a.pos,
                              a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
         }
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
@@ -866,8 +877,12 @@ int mi_cuda_attention(const float *q, const __half *k_cache, const __half *v_cac
         return mi_set_error(MI_ERR_ARG, "CUDA attention: n_head %d not a multiple of n_head_kv %d", n_head, n_head_kv);
     if (hd % 32 || hd < 32 || hd > 256)
         return mi_set_error(MI_ERR_ARG, "CUDA attention: head_dim %d not a multiple of 32 up to 256", hd);
-    if (max_splits < 1 || max_splits > MI_ATTN_SPLITS)
-        return mi_set_error(MI_ERR_ARG, "CUDA attention: max_splits %d outside 1..%d", max_splits, MI_ATTN_SPLITS);
+    const int cap = group == 2 ? MI_ATTN_MMA_SPLITS : MI_ATTN_SPLITS;
+    if (max_splits < 1 || max_splits > cap)
+        return mi_set_error(MI_ERR_ARG, "CUDA attention: max_splits %d outside 1..%d", max_splits, cap);
+    // The tensor-core kernel's last-block merge (mi_attn_merge) holds 64 splits: rows of more go
+    // to the combine launch whatever the caller asked.
+    if (combine_from > MI_ATTN_SPLITS + 1) combine_from = MI_ATTN_SPLITS + 1;
     if (group == 2 && !mi_cuda_attention_mma_applies(n_head, n_head_kv, hd))
         return mi_set_error(MI_ERR_ARG, "CUDA attention: no tensor-core kernel for head_dim %d, %d query heads per KV head",
                             hd, n_head / n_head_kv);

@@ -89,8 +89,8 @@ struct mi_cuda_ctx {
     // (the outputs are wrong): the GPU time a kind costs inside a graph is the difference.
     unsigned skip;
     // Attention A/B settings, read once here so that every forward of the context (graphed or
-    // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..64, default 64,
-    // or MI_ATTN_SPLITS_CC)
+    // not) uses the same (rows depend on the split count): MI_CUDA_ATTN_SPLITS (1..128; the CUDA-core
+    // kernel takes at most 64 of them; default 64, or MI_ATTN_SPLITS_CC)
     // and MI_CUDA_ATTN_GROUP=1 (one block per KV head's query group, same bits; attention.cu).
     // attn_splits_mma: the tensor-core kernel's most splits, MI_CUDA_ATTN_SPLITS where set, else
     // one wave of blocks at nt = 1 (mi_mma_splits).
@@ -124,7 +124,7 @@ struct mi_cuda_ctx {
     float *ff;             // [max_nt][n_ff] SwiGLU output
     float *gate, *up;      // [max_nt][n_ff] each: only when ffn_gate/ffn_up types differ
     float *rope_cs;        // [max_nt][head_dim]: cos[head_dim/2] then sin[head_dim/2]
-    float *part;           // [part_rows][n_head][MI_ATTN_SPLITS][head_dim+2] attention partials
+    float *part;           // [part_rows][n_head][MI_ATTN_MMA_SPLITS][head_dim+2] attention partials
     int part_rows;         // rows the decode attention kernels can get: max_nt, or <= 9 when the
                            // GEMM path's forwards (nt >= MI_MMQ_MIN_NT) take the prefill kernel
                            // (201 MB less on the 1.5B at max_nt 512)
@@ -379,7 +379,9 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
 }
 
 // Most KV splits of the tensor-core attention: one block per (KV head, split), as many blocks as
-// the device has SMs (capped at MI_ATTN_SPLITS): a block holds a whole SM's registers, so more
+// the device has SMs (capped at MI_ATTN_MMA_SPLITS; 66 for 2 KV heads on the H200, where the cap
+// was 64 until session 23: just past 16,384 slots (129 tiles of 128) 64 gave 43 splits of 3 tiles
+// a warp on 86 SMs, 66 gives 65 of 2 on 130): a block holds a whole SM's registers, so more
 // splits only add waves and merge work. Measured at 16k on the H200 (132 SMs; docs/perf.md,
 // session 8), 64 / 32 / 16 splits: 7B shape (4 KV heads) 2.866 / 2.743 / 2.908 ms a token, 14B (8)
 // 6.661 / 6.433 / 6.159, 1.5B (2) 1.332 / 1.358 / 1.488: best where n_head_kv x splits ~ 128.
@@ -391,7 +393,7 @@ int mi_mma_splits(int n_head_kv) {
         sms = 128;
     }
     const int s = sms / (n_head_kv > 0 ? n_head_kv : 1);
-    return s < 1 ? 1 : s > MI_ATTN_SPLITS ? MI_ATTN_SPLITS : s;
+    return s < 1 ? 1 : s > MI_ATTN_MMA_SPLITS ? MI_ATTN_MMA_SPLITS : s;
 }
 
 // Which attention kernels rows at positions pos[0..nt) need (bit 0: CUDA-core, bit 1: tensor-core).
@@ -499,11 +501,11 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     const char *ae = getenv("MI_CUDA_ATTN_SPLITS");
     char *ae_end = nullptr;
     const long splits = ae ? strtol(ae, &ae_end, 10) : MI_ATTN_SPLITS;
-    c->attn_splits = (int)splits;
+    c->attn_splits = splits > MI_ATTN_SPLITS ? MI_ATTN_SPLITS : (int)splits; // the CUDA-core kernel's cap
     c->attn_splits_mma = ae ? (int)splits : mi_mma_splits(d->n_head_kv);
-    if (splits < 1 || splits > MI_ATTN_SPLITS || (ae && (ae_end == ae || *ae_end))) {
+    if (splits < 1 || splits > MI_ATTN_MMA_SPLITS || (ae && (ae_end == ae || *ae_end))) {
         free(c);
-        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_SPLITS=%s: want 1..%d", ae, MI_ATTN_SPLITS);
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_SPLITS=%s: want 1..%d", ae, MI_ATTN_MMA_SPLITS);
     }
     const char *ge = getenv("MI_CUDA_ATTN_GROUP");
     c->attn_group = ge && strcmp(ge, "1") == 0;
