@@ -172,10 +172,18 @@ def _check_common(args: argparse.Namespace) -> None:
 
 def _check_arg_text(text: str, what: str) -> None:
     """ValueError naming the option when an argument was not UTF-8 (Python hands such argv bytes
-    over as lone surrogates, via surrogateescape)."""
-    from .tokenizer import check_unicode
+    over as lone surrogates, via surrogateescape): the first bad byte and its byte offset in the
+    argument, as for -f files; other lone surrogates by their character index."""
+    from .tokenizer import InvalidUnicodeError, check_unicode
 
-    check_unicode(text, what)
+    try:
+        check_unicode(text, what)
+    except InvalidUnicodeError as e:
+        if e.byte is None:
+            raise
+        offset = len(text[:e.index].encode("utf-8", "surrogateescape"))
+        raise ValueError(f"{what} is not valid UTF-8 (byte 0x{e.byte:02x} at offset {offset}); "
+                         "convert it first, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def _decode_utf8(data: bytes, what: str) -> str:

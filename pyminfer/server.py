@@ -5,8 +5,10 @@ Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET 
 server shapes POST /completion, GET /props, POST /tokenize, POST /detokenize; GET /metrics
 (Prometheus text format). CORS: any origin may call (preflights answered), as llama.cpp's server.
 
-Requests are served one at a time by a single worker thread; each starts from an empty KV cache
-(no prefix reuse across requests), so a response equals the same request served alone. A client
+Requests are served one at a time by a single worker thread. A request reuses the KV cache of the
+longest prefix its prompt shares with the previous request's prompt and output (llama.cpp's
+``cache_prompt``, default true; ``false`` prefills the whole prompt), so at temperature 0 a response
+equals the same request served alone, up to the GPU prefill's tolerance on a near-tie. A client
 that disconnects mid-generation stops it at the next token. Errors come back as OpenAI-style JSON
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status.
 

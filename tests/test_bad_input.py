@@ -440,10 +440,12 @@ def test_cli_refuses_text_that_is_not_utf8(tmp_path, smol_path):
     m = ["-m", str(smol_path), "--device", "cpu"]
     _one_line_error(_cli("run", *m, "-f", str(bad), "-n", "2"), f"{bad} is not valid UTF-8 (byte 0xe9 at offset 3)")
     _one_line_error(_cli("run", *m, "-f", "-", "-n", "2", input=bad.read_bytes()), "standard input is not valid UTF-8")
-    _one_line_error(_cli("run", *m, "-p", b"hi \xff", "-n", "2"), "-p/--prompt is not valid Unicode")
-    _one_line_error(_cli("run", *m, "-p", "hi", "--stop", b"\xfe"), "--stop is not valid Unicode")
-    _one_line_error(_cli("chat", *m, "--system", b"\xfe", input=b""), "--system is not valid Unicode")
-    _one_line_error(_cli("tokenize", "-m", str(smol_path), b"ab\xff"), "TEXT is not valid Unicode")
+    # arguments: the byte and its byte offset, as for files (not the index of its stand-in character)
+    _one_line_error(_cli("run", *m, "-p", b"h\xc3\xa9llo\xff", "-n", "2"),
+                    "-p/--prompt is not valid UTF-8 (byte 0xff at offset 6)")
+    _one_line_error(_cli("run", *m, "-p", "hi", "--stop", b"\xfe"), "--stop is not valid UTF-8 (byte 0xfe at offset 0)")
+    _one_line_error(_cli("chat", *m, "--system", b"\xfe", input=b""), "--system is not valid UTF-8 (byte 0xfe at offset 0)")
+    _one_line_error(_cli("tokenize", "-m", str(smol_path), b"ab\xff"), "TEXT is not valid UTF-8 (byte 0xff at offset 2)")
     # a bad chat line is skipped with a message and the session goes on (exit status 1 at the end)
     out = _cli("chat", *m, "-n", "2", "--temp", "0", input=b"hi\n\xff\xfe\nhello\n")
     err = out.stderr.decode("utf-8", "replace")

@@ -126,10 +126,20 @@ static inline int mi_cc_major() {
     return cc_major;
 }
 
+// An on / off tuning switch: unset or empty -> dflt, "0" -> 0, "1" -> 1, anything else -> -1
+// (context creation refuses it with an error naming the variable).
+static inline int mi_env_switch(const char *name, int dflt) {
+    const char *e = getenv(name);
+    if (!e || !e[0]) return dflt;
+    if (e[0] == '0' && !e[1]) return 0;
+    if (e[0] == '1' && !e[1]) return 1;
+    return -1;
+}
+
 static inline bool mi_pdl_on(cudaStream_t s) {
-    const char *e = getenv("MI_CUDA_PDL");
     // Only on created streams: the legacy default stream (op-level tests) keeps plain launches.
-    return s != 0 && mi_cc_major() >= 9 && !(e && e[0] == '0');
+    // MI_CUDA_PDL=0 turns it off (a malformed value is refused at context creation).
+    return s != 0 && mi_cc_major() >= 9 && mi_env_switch("MI_CUDA_PDL", 1) != 0;
 }
 
 // kernel<<<grid, block, 0, s>>>(args...) with the PDL attribute where mi_pdl_on(s).

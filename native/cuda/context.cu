@@ -488,12 +488,18 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     c->n_layer = d->n_layer; c->n_embd = d->n_embd; c->n_ff = d->n_ff; c->n_head = d->n_head;
     c->n_head_kv = d->n_head_kv; c->head_dim = d->head_dim; c->n_vocab = d->n_vocab; c->rope_type = d->rope_type;
     c->rope_base = d->rope_freq_base; c->rms_eps = d->rms_eps; c->n_ctx = n_ctx; c->max_nt = max_nt;
-    const char *env = getenv("MI_CUDA_GRAPHS");
-    c->use_graphs = !(env && strcmp(env, "0") == 0);
-    const char *fe = getenv("MI_CUDA_FUSE");
-    c->fuse_quant = fe && strcmp(fe, "1") == 0;
-    const char *me = getenv("MI_CUDA_MMQ");
-    c->no_mmq = me && strcmp(me, "0") == 0;
+    // The on / off switches: unset or empty = the default, "0" or "1", anything else refused (a
+    // typo such as MI_CUDA_GRAPHS=off must not silently measure the default).
+    static const char *const switches[] = {"MI_CUDA_GRAPHS", "MI_CUDA_FUSE", "MI_CUDA_MMQ", "MI_CUDA_ROPE_FUSE",
+                                           "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE"};
+    for (const char *name : switches)
+        if (mi_env_switch(name, 0) < 0) {
+            free(c);
+            return mi_set_error(MI_ERR_ARG, "%s=%s: want 0 or 1", name, getenv(name));
+        }
+    c->use_graphs = mi_env_switch("MI_CUDA_GRAPHS", 1);
+    c->fuse_quant = mi_env_switch("MI_CUDA_FUSE", 0);
+    c->no_mmq = !mi_env_switch("MI_CUDA_MMQ", 1);
     if (const int rc = mi_cuda_mmq_check_env()) {
         free(c);
         return rc;
@@ -585,8 +591,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_ATTN_PREFILL=%s: want 0 or 1", pe);
     }
     c->attn_prefill = !(pe && strcmp(pe, "0") == 0) && mi_cuda_attention_prefill_applies(d->n_head, d->n_head_kv, d->head_dim);
-    const char *re = getenv("MI_CUDA_ROPE_FUSE");
-    c->rope_fuse = !(re && strcmp(re, "0") == 0) && mi_cuda_mmvq_can_rope(d->n_embd);
+    c->rope_fuse = mi_env_switch("MI_CUDA_ROPE_FUSE", 1) && mi_cuda_mmvq_can_rope(d->n_embd);
     c->layers = (mi_cuda_layer *)calloc((size_t)d->n_layer, sizeof(mi_cuda_layer));
     if (!c->layers) { free(c); return mi_set_error(MI_ERR_OOM, "out of host memory"); }
     int rc = MI_OK;
@@ -616,8 +621,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     if (tied) c->output = c->tok_embd;
     else MI_FAIL(mi_upload(&d->output, c->weights, &off, &c->output));
     mi_dtensor tmp;
-    const char *se = getenv("MI_CUDA_QKV_STACK"); // =0: one launch per q, k, v (A/B timing)
-    const bool stack_qkv = !(se && strcmp(se, "0") == 0);
+    const bool stack_qkv = mi_env_switch("MI_CUDA_QKV_STACK", 1); // 0: one launch per q, k, v (A/B timing)
     if (!stack_qkv) c->qkv_mixed = 0;
     MI_FAIL(mi_upload(&d->output_norm, c->weights, &off, &tmp));
     c->output_norm = (const float *)tmp.data;
@@ -724,8 +728,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     MI_FAIL([&]() -> int {
         MI_CUDA_TRY(cudaMallocHost(&c->h_ints, ((size_t)4 * max_nt + 1) * 4));
         MI_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-        const char *pe = getenv("MI_CUDA_PROFILE");
-        if (pe && strcmp(pe, "1") == 0) {
+        if (mi_env_switch("MI_CUDA_PROFILE", 0) == 1) {
             c->prof = 1;
             c->cap_ev = 16 * c->n_layer + 16;
             c->ev = (cudaEvent_t *)calloc((size_t)c->cap_ev, sizeof(cudaEvent_t));

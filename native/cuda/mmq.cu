@@ -435,10 +435,19 @@ int mi_mmq_auto_splits(int64_t tiles, int ksteps, int n_sm, bool fill) {
 }
 
 // MI_CUDA_MMQ_SPLITS: > 0 forces that many K splits (tests), else 0 (automatic).
-int mi_mmq_forced_splits() {
+// Unset, empty or 0: automatic; N >= 1: N, capped at MI_MMQ_MAX_SPLIT; anything else -1 (refused
+// at context creation by mi_cuda_mmq_check_env; automatic where it reaches a launch anyway).
+static int mi_mmq_splits_env() {
     const char *e = getenv("MI_CUDA_MMQ_SPLITS");
-    const int v = e ? atoi(e) : 0;
-    return v > 0 ? (v < MI_MMQ_MAX_SPLIT ? v : MI_MMQ_MAX_SPLIT) : 0;
+    if (!e || !e[0]) return 0;
+    char *end = nullptr;
+    const long v = strtol(e, &end, 10);
+    if (*end || v < 0) return -1;
+    return v < MI_MMQ_MAX_SPLIT ? (int)v : MI_MMQ_MAX_SPLIT;
+}
+int mi_mmq_forced_splits() {
+    const int v = mi_mmq_splits_env();
+    return v > 0 ? v : 0;
 }
 
 typedef void (*mi_mmq_fn)(const uint8_t *, int64_t, int, int, const float *, int64_t, int, int, float *, int64_t,
@@ -542,6 +551,9 @@ int mi_cuda_mmq_stages(int *out) {
 int mi_cuda_mmq_check_env(void) {
     int v = 0, rc;
     if ((rc = mi_cuda_mmq_stages(&v)) || (rc = mi_cuda_mmq_bn(&v)) || (rc = mi_cuda_mmq_fill(&v))) return rc;
+    if (mi_mmq_splits_env() < 0)
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMQ_SPLITS=%s: want 0 (automatic) or a split count >= 1",
+                            getenv("MI_CUDA_MMQ_SPLITS"));
     return MI_OK;
 }
 
