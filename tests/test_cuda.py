@@ -1018,7 +1018,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_MMQ_FILL", "2"), ("MI_CUDA_MMQ_FILL", "on"),
                                      ("MI_CUDA_MMVQ_MMA", "1"), ("MI_CUDA_MMVQ_MMA", "9"), ("MI_CUDA_MMVQ_MMA", "2x"),
                                      ("MI_CUDA_MMVQ_MMA_SPLIT", "3"), ("MI_CUDA_MMVQ_MMA_SPLIT", ""),
-                                     ("MI_CUDA_GRAPHS", "off"), ("MI_CUDA_FUSE", "yes"), ("MI_CUDA_MMQ", "2"),
+                                     ("MI_CUDA_FUSE", "yes"), ("MI_CUDA_MMQ", "2"),
                                      ("MI_CUDA_ROPE_FUSE", "00"), ("MI_CUDA_QKV_STACK", "true"),
                                      ("MI_CUDA_PDL", "0x"), ("MI_CUDA_PROFILE", "on"),
                                      ("MI_CUDA_MMQ_SPLITS", "four"), ("MI_CUDA_MMQ_SPLITS", "-1")])
@@ -1028,9 +1028,18 @@ def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
         make_ctx(small_model(11), 1)
 
 
+@pytest.mark.parametrize("val", ["off", "2", "00"])
+def test_bad_graphs_switch_is_refused(val, monkeypatch):
+    """MI_CUDA_GRAPHS goes to the context directly: make_ctx sets it itself."""
+    cfg, tensors, keep = small_model(11)
+    monkeypatch.setenv("MI_CUDA_GRAPHS", val)
+    with pytest.raises(core.NativeError, match="MI_CUDA_GRAPHS"):
+        core.Context(cfg, tensors, 64, 16, 0, 1, keep)
+
+
 @pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
                                  "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT",
-                                 "MI_CUDA_GRAPHS", "MI_CUDA_FUSE", "MI_CUDA_MMQ", "MI_CUDA_ROPE_FUSE",
+                                 "MI_CUDA_FUSE", "MI_CUDA_MMQ", "MI_CUDA_ROPE_FUSE",
                                  "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE", "MI_CUDA_MMQ_SPLITS"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):
     """VAR= (empty, as `bench/depth.py --env VAR=,1` sets it) means the default, not an error."""
