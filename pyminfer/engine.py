@@ -77,7 +77,12 @@ class Model:
             if not 1 <= n_layer <= self.config.n_layer:
                 raise ValueError(f"n_layer must be in 1..{self.config.n_layer}")
             self.config = dataclasses.replace(self.config, n_layer=n_layer)
-        self.tokenizer = Tokenizer.from_gguf(self.gguf.path)
+        try:
+            self.tokenizer = Tokenizer.from_gguf(self.gguf.path)
+        except ValueError as e:  # corrupt or unsupported tokenizer metadata: name the file
+            if str(e).startswith(str(self.gguf.path)) or type(e).__init__ is not ValueError.__init__:
+                raise
+            raise type(e)(f"{self.gguf.path}: {e}") from None
         if n_ctx is None:
             n_ctx = min(4096, self.config.n_ctx_train)
         # the native core takes C ints: past INT_MAX the conversion would raise OverflowError
@@ -99,8 +104,16 @@ class Model:
         # verify batch (<= 9 rows) must fit.
         max_nt = min(DEFAULT_MAX_NT[self.device] if max_nt is None else max_nt, max(n_ctx, 16))
         self.max_nt = int(max_nt)
-        self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(self.config.n_layer), n_ctx, max_nt, n_threads,
-                                 self.device_id, keepalive=self.gguf)
+        try:
+            self.ctx = _core.Context(self.config.native(), self.gguf.native_tensors(self.config.n_layer), n_ctx, max_nt,
+                                     n_threads, self.device_id, keepalive=self.gguf)
+        except _core.NativeError as e:
+            # The core's checks of the model (dimensions, tensor shapes and types) name no file;
+            # a tuning variable's or the device's error is not the file's.
+            msg = str(e)
+            if e.code in (1, 2) and not msg.startswith("MI_"):  # MI_ERR_ARG, MI_ERR_TYPE (pyminfer.h)
+                raise _core.NativeError(e.code, f"{self.gguf.path}: {msg}") from None
+            raise
         self.load_time = time.perf_counter() - t0
         self._pend_rows = 0  # out rows of the submitted forward (submit / wait)
 

@@ -462,7 +462,11 @@ class Tokenizer:
             if not sep:
                 raise ValueError(f"malformed merge rule {m!r} in tokenizer.ggml.merges")
             merges.append((a, b))
-        bpe = models.BPE(vocab=token_to_id, merges=merges, ignore_merges=spec.ignore_merges)
+        try:
+            bpe = models.BPE(vocab=token_to_id, merges=merges, ignore_merges=spec.ignore_merges)
+        except Exception as e:  # the library raises a bare Exception, e.g. a merge of unknown tokens
+            raise ValueError(f"corrupt tokenizer metadata: {e} (tokenizer.ggml.merges must only join "
+                             "tokens of tokenizer.ggml.tokens)") from None
         hf = HFTokenizer(bpe)
         steps: list[Any] = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in spec.regexes]
         steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))

@@ -287,6 +287,34 @@ def test_contradictory_metadata_is_refused(tmp_path, smol_path, key, value, matc
     assert out.returncode == 1 and "Traceback" not in out.stderr and match in out.stderr
 
 
+def test_model_check_errors_name_the_file_and_values(tmp_path, smol_path):
+    """The core's own checks of a model (dimensions, norms' types) come back with the file's path
+    and the values it objects to, as the Python-side checks do; one line in the CLI."""
+    p = _patch_field(smol_path, tmp_path / "emb.gguf", "llama.embedding_length", 577)
+    with pytest.raises(RuntimeError, match=r"emb\.gguf: invalid model dimensions \(.*n_embd 577"):
+        Model(p, device="cpu", n_ctx=32)
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-m", str(p), "-p", "hi", "-n", "2", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and f"{p}: invalid model dimensions" in out.stderr
+
+
+def test_corrupt_vocabulary_is_a_clear_error(tmp_path, smol_path):
+    """A token renamed in tokenizer.ggml.tokens (same length) leaves a merge that builds a token
+    the vocabulary lacks: the tokenizers library raises a bare Exception; we name the file."""
+    data = bytearray(smol_path.read_bytes())
+    old = (5).to_bytes(8, "little") + "\u0120the".encode("utf-8")  # the length-prefixed token "Ġthe"
+    i = data.find(old)
+    assert i > 0
+    data[i + len(old) - 1:i + len(old)] = b"x"
+    p = tmp_path / "badtok.gguf"
+    p.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"badtok\.gguf: corrupt tokenizer metadata: .*out of vocabulary"):
+        Model(p, device="cpu", n_ctx=32)
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-m", str(p), "-p", "hi", "-n", "2", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "corrupt tokenizer metadata" in out.stderr
+
+
 def test_eos_id_outside_the_vocabulary_is_refused(tmp_path, smol_path):
     """An eos id no token has would let generation never stop on EOS: an error, not a silent None."""
     p = _patch_field(smol_path, tmp_path / "eos.gguf", "tokenizer.ggml.eos_token_id", 999999)

@@ -57,11 +57,17 @@ static int check_tensor(const mi_tensor *t, const char *name, int64_t cols, int6
 static int validate(const mi_model_desc *d) {
     if (d->n_layer <= 0 || d->n_embd <= 0 || d->n_ff <= 0 || d->n_head <= 0 || d->n_head_kv <= 0 || d->head_dim <= 0 ||
         d->n_vocab <= 0 || d->n_head % d->n_head_kv || d->head_dim % 2 || d->n_embd % 32 || d->n_ff % 32)
-        return mi_set_error(MI_ERR_ARG, "invalid model dimensions");
+        return mi_set_error(MI_ERR_ARG,
+                            "invalid model dimensions (n_layer %d, n_embd %d, n_ff %d, n_head %d, n_head_kv %d, "
+                            "head_dim %d, n_vocab %d): all must be > 0, n_embd and n_ff multiples of 32, head_dim "
+                            "even, n_head a multiple of n_head_kv",
+                            d->n_layer, d->n_embd, d->n_ff, d->n_head, d->n_head_kv, d->head_dim, d->n_vocab);
     if (d->rope_type != MI_ROPE_NORM && d->rope_type != MI_ROPE_NEOX)
         return mi_set_error(MI_ERR_ARG, "unknown rope type %d", d->rope_type);
-    if (!(d->rope_freq_base > 0.0f) || !(d->rms_eps >= 0.0f))
-        return mi_set_error(MI_ERR_ARG, "rope freq_base must be > 0 and rms eps >= 0");
+    if (!(d->rope_freq_base > 0.0f))
+        return mi_set_error(MI_ERR_ARG, "rope freq_base %g must be > 0", (double)d->rope_freq_base);
+    if (!(d->rms_eps >= 0.0f))
+        return mi_set_error(MI_ERR_ARG, "RMSNorm epsilon %g must be >= 0", (double)d->rms_eps);
     const int64_t E = d->n_embd, F = d->n_ff, QD = (int64_t)d->n_head * d->head_dim, KD = (int64_t)d->n_head_kv * d->head_dim;
     int rc;
     if ((rc = check_tensor(&d->tok_embd, "token_embd", E, d->n_vocab, 1))) return rc;
@@ -80,7 +86,9 @@ static int validate(const mi_model_desc *d) {
         const mi_tensor *f32s[] = {&L->attn_norm, &L->ffn_norm, &L->bq, &L->bk, &L->bv};
         for (int i = 0; i < 5; i++)
             if (f32s[i]->data && f32s[i]->type != MI_TYPE_F32)
-                return mi_set_error(MI_ERR_TYPE, "layer %d: norms and biases must be F32", l);
+                return mi_set_error(MI_ERR_TYPE, "layer %d: %s is %s: norms and biases must be F32", l,
+                                    (const char *[]){"attn_norm", "ffn_norm", "attn_q.bias", "attn_k.bias", "attn_v.bias"}[i],
+                                    mi_type_name(f32s[i]->type));
     }
     return MI_OK;
 }
