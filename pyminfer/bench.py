@@ -55,13 +55,17 @@ def copy_bandwidth(model: Model) -> float:
     return 2 * a.nbytes / min(ts)
 
 
-def bench_pp(m: Model, n: int, reps: int) -> list[float]:
+def bench_pp(m: Model, n: int, reps: int, depth: int = 0) -> list[float]:
+    """Prompt tokens/s of an n-token prefill after ``depth`` context tokens (untimed; llama-bench's
+    ``pp512 @ d4096``), one value a repetition (a warm-up run first)."""
     rng = np.random.default_rng(0)
     out = []
     for r in range(reps + 1):
+        if depth:
+            m.prefill(rng.integers(100, m.n_vocab - 100, depth).tolist(), 0, logits=False)
         ids = rng.integers(100, m.n_vocab - 100, n).tolist()
         t = _sync_time()
-        m.prefill(ids, 0, logits=False)
+        m.prefill(ids, depth, logits=False)
         dt = _sync_time() - t
         if r:
             out.append(n / dt)
@@ -69,6 +73,7 @@ def bench_pp(m: Model, n: int, reps: int) -> list[float]:
 
 
 def bench_tg(m: Model, n: int, reps: int, depth: int = 0) -> list[float]:
+    """Generated tokens/s of n one-token forwards after ``depth`` context tokens (untimed)."""
     rng = np.random.default_rng(1)
     out = []
     for r in range(reps + 1):
@@ -94,7 +99,8 @@ def verify_curve(m: Model, max_nt: int = VERIFY_CURVE_NT, reps: int = 20,
                  depth: int = VERIFY_CURVE_DEPTH) -> dict[int, float]:
     """Median seconds of one nt-token forward (argmax of every row) at context depth ``depth``."""
     rng = np.random.default_rng(2)
-    m.prefill(rng.integers(100, m.n_vocab - 100, depth).tolist(), 0, logits=False)
+    if depth:
+        m.prefill(rng.integers(100, m.n_vocab - 100, depth).tolist(), 0, logits=False)
     res: dict[int, list[float]] = {nt: [] for nt in range(1, max_nt + 1)}
     for r in range(reps + 1):
         for nt in range(1, max_nt + 1):  # interleaved across nt, so drift hits every nt alike
@@ -163,8 +169,8 @@ SPEC_PROMPT_POSITIONS = 256
 def _positions_needed(args: argparse.Namespace, curve_depth: int, spec: bool) -> int:
     """Context positions the tests main_bench runs need (+ 16 spare): only those it runs. The
     speculative bench (``spec``: --spec-draft / --spec-type given): its verify curve at VERIFY_CURVE_DEPTH and
-    its prompts plus -n; else --verify-curve: its depth plus VERIFY_CURVE_NT; else pp (-p) and tg
-    (-d plus -n). (-p and -n counted for the modes that do not run them: a --verify-curve at
+    its prompts plus -n; else --verify-curve: its depth plus VERIFY_CURVE_NT; else pp and tg (-d
+    plus -p, -d plus -n). (-p and -n counted for the modes that do not run them: a --verify-curve at
     -c 128 was refused as needing 528 positions.)"""
     from .spec import MAX_DEPTH
 
@@ -173,7 +179,7 @@ def _positions_needed(args: argparse.Namespace, curve_depth: int, spec: bool) ->
     elif args.verify_curve:
         need = curve_depth + VERIFY_CURVE_NT
     else:
-        need = max(args.n_prompt, args.depth + args.n_gen)
+        need = (args.depth or 0) + max(args.n_prompt, args.n_gen)
     return need + 16
 
 
@@ -183,7 +189,9 @@ def main_bench(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     # pp: the prompt in forwards of -ub rows, by default one of up to 512 (llama-bench's n_ubatch)
     max_nt = args.ubatch_size or max(64, min(args.n_prompt, 512))
-    curve_depth = args.depth or VERIFY_CURVE_DEPTH  # -d moves the curve (a verify batch at long context)
+    # -d moves the curve (a verify batch at long context); not given: VERIFY_CURVE_DEPTH
+    curve_depth = VERIFY_CURVE_DEPTH if args.depth is None else args.depth
+    depth = args.depth or 0
     from .cli import _ngram
 
     ngram = _ngram(args)
@@ -207,14 +215,14 @@ def main_bench(args: argparse.Namespace) -> int:
         return 0
     rows = []
     if args.n_prompt > 0:
-        v = bench_pp(m, args.n_prompt, args.repetitions)
-        rows.append({**info, "test": f"pp{args.n_prompt}", "tok_s": _fmt(v), "mean": statistics.mean(v),
+        v = bench_pp(m, args.n_prompt, args.repetitions, depth)
+        rows.append({**info, "test": f"pp{args.n_prompt}" + (f" @ d{depth}" if depth else ""), "tok_s": _fmt(v), "mean": statistics.mean(v),
                      "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v)})
     if args.n_gen > 0:
-        v = bench_tg(m, args.n_gen, args.repetitions, args.depth)
+        v = bench_tg(m, args.n_gen, args.repetitions, depth)
         bw = copy_bandwidth(m)
         share = statistics.mean(v) * m.gguf.decode_bytes_per_token() / bw
-        name = f"tg{args.n_gen}" + (f" @ d{args.depth}" if args.depth else "")
+        name = f"tg{args.n_gen}" + (f" @ d{depth}" if depth else "")
         rows.append({**info, "test": name, "tok_s": _fmt(v), "mean": statistics.mean(v),
                      "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v),
                      "roofline": f"{100 * share:.0f}% of {bw / 1e9:.0f} GB/s"})

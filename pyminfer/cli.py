@@ -322,7 +322,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if on and args.ubatch_size is not None and args.ubatch_size < rows:
             raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for {what}: it runs forwards of "
                              f"up to {rows} tokens")
-    if args.n_prompt < 0 or args.n_gen < 0 or args.depth < 0:
+    if args.n_prompt < 0 or args.n_gen < 0 or (args.depth or 0) < 0:
         raise ValueError("-p, -n and -d/--depth must be >= 0")
     if not (args.n_prompt or args.n_gen or args.verify_curve or spec):
         raise ValueError("nothing to measure: give -p and/or -n > 0, --verify-curve, --spec-draft or --spec-type")
@@ -409,8 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens to generate (>= 2 with --spec-draft; default: %(default)s)")
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("-o", "--output", default="md", choices=["md", "json", "csv"])
-    b.add_argument("-d", "--n-depth", "--depth", dest="depth", type=int, default=0,
-                   help="context depth before the tg test, in tokens (llama-bench's -d)")
+    b.add_argument("-d", "--n-depth", "--depth", dest="depth", type=int, default=None,
+                   help="context depth before the pp and tg tests, in tokens (llama-bench's -d; default 0), "
+                        "or of the --verify-curve forwards (default 256)")
     b.add_argument("--verify-curve", action="store_true",
                    help="print C_T(nt)/C_T(1) for nt = 1..16, after -d context tokens (default 256)")
     _add_spec_args(b)

@@ -43,8 +43,12 @@ def test_csv_and_markdown(smol_path):
 
 @pytest.mark.parametrize("flag", ["-d", "--n-depth", "--depth"])
 def test_depth(smol_path, flag):
-    rows = json.loads(bench("-m", str(smol_path), "-p", "0", "-n", "2", "-r", "1", flag, "40", "-o", "json").stdout)
-    assert rows[0]["test"] == "tg2 @ d40" and rows[0]["mean"] > 0
+    """-d comes before both tests, as llama-bench's (pp8 @ d40 prefills positions 40..47), and
+    counts against -c for both."""
+    rows = json.loads(bench("-m", str(smol_path), "-p", "8", "-n", "2", "-r", "1", flag, "40", "-o", "json").stdout)
+    assert [r["test"] for r in rows] == ["pp8 @ d40", "tg2 @ d40"] and all(r["mean"] > 0 for r in rows)
+    small = bench("-m", str(smol_path), "-p", "30", "-n", "2", "-r", "1", flag, "40", "-c", "64", ok=False)
+    assert small.returncode == 1 and "-c 64 is too small for these tests (they need 86 positions)" in small.stderr
 
 
 def test_verify_curve(smol_path):
@@ -69,6 +73,9 @@ def test_verify_curve_at_depth(smol_path):
     # -p / -n are not run with --verify-curve: their defaults (512 / 128) do not count against -c
     rows = json.loads(bench("-m", str(smol_path), "--verify-curve", "-d", "32", "-c", "64", "-o", "json").stdout)
     assert {r["depth"] for r in rows} == {32}
+    # -d 0 is a depth like any other (it used to mean "not given": the curve ran at 256)
+    rows = json.loads(bench("-m", str(smol_path), "--verify-curve", "-d", "0", "-c", "64", "-o", "json").stdout)
+    assert {r["depth"] for r in rows} == {0}
     # the speculative bench's own verify curve (depth 256, 9 rows) is counted: a clear error, not
     # one from the core about positions past n_ctx
     small = bench("-m", str(smol_path), "--spec-draft", str(smol_path), "-n", "8", "-c", "128", ok=False)
