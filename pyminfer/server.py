@@ -132,6 +132,39 @@ def _biased(v: Any) -> bool:
     return True
 
 
+def _logit_bias_ids(v: Any) -> list[int]:
+    """The token ids of a logit_bias value (an object {"id": bias}, OpenAI, or a list of [id, bias]
+    pairs, llama.cpp, where a bias may also be false: ban); APIError 400 for any other shape, a key
+    that is not a token id, or a bias that is not a number in -100..100 (OpenAI's range)."""
+    def bias_ok(b: Any, ban_ok: bool) -> bool:
+        if b is False:
+            return ban_ok
+        return isinstance(b, (int, float)) and not isinstance(b, bool) and -100 <= b <= 100
+
+    def bad(why: str) -> APIError:
+        return APIError(400, f"logit_bias: {why}", param="logit_bias", code="invalid_value")
+
+    ids: list[int] = []
+    if isinstance(v, dict):
+        for k, b in v.items():
+            if not (isinstance(k, str) and k.isascii() and k.isdigit()):
+                raise bad(f"key {k!r} is not a token id (a string of digits, e.g. \"1234\")")
+            if not bias_ok(b, False):
+                raise bad(f"the bias of token {k} must be a number in -100..100, got {b!r}")
+            ids.append(int(k))
+    elif isinstance(v, list):
+        for p in v:
+            if not (isinstance(p, list) and len(p) == 2):
+                raise bad(f"{p!r} is not a [token id, bias] pair")
+            t, b = p
+            if not (isinstance(t, int) and not isinstance(t, bool) and t >= 0):
+                raise bad(f"{t!r} is not a token id (an integer >= 0)")
+            if not bias_ok(b, True):
+                raise bad(f"the bias of token {t} must be a number in -100..100 or false, got {b!r}")
+            ids.append(t)
+    return ids
+
+
 def _true(v: Any) -> bool:
     return v is not None and v is not False and v != 0
 
@@ -237,6 +270,8 @@ class _GenRequest(_Request):
         """The checks pydantic's field types cannot express; APIError 400."""
         fields = type(self).model_fields
         extra = self.model_extra or {}
+        if "logit_bias" in fields:  # a malformed map is a 400 of its own, not "not supported"
+            _logit_bias_ids(self.logit_bias)
         asked = [(name, why) for name, (asks, why) in _UNSUPPORTED.items()
                  if asks(getattr(self, name) if name in fields else extra.get(name))]
         if asked:
@@ -770,6 +805,11 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         if req.model and req.model not in state.names():
             raise APIError(404, f"The model '{req.model}' does not exist (this server serves '{state.model_id}')",
                            param="model", code="model_not_found")
+        n_vocab = llm.tokenizer.n_vocab
+        out = [i for i in _logit_bias_ids(getattr(req, "logit_bias", None)) if i >= n_vocab]
+        if out:
+            raise APIError(400, f"logit_bias: token id {out[0]} is outside the vocabulary (0..{n_vocab - 1})",
+                           param="logit_bias", code="invalid_value")
         return llm
 
     def check_prompt(llm: LLM, ids: list[int]) -> None:

@@ -742,6 +742,27 @@ def test_neutral_and_harmless_fields_are_accepted(local):
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain, r.text
 
 
+@pytest.mark.parametrize("bias,says", [
+    ({"abc": 0}, "key 'abc' is not a token id"), ({"-1": 0}, "key '-1' is not a token id"),
+    ({"5": "0"}, "the bias of token 5 must be a number in -100..100, got '0'"),
+    ({"5": 101}, "must be a number in -100..100"), ({"5": True}, "must be a number"),
+    ({"999999": 0}, "token id 999999 is outside the vocabulary (0..49151)"),
+    ([[5]], "[5] is not a [token id, bias] pair"), ([[5, "x"]], "the bias of token 5 must be"),
+    ([[-3, 0]], "-3 is not a token id"), ([[999999, 0]], "token id 999999 is outside the vocabulary"),
+])
+def test_malformed_logit_bias_is_refused(local, bias, says):
+    """A logit_bias that is not a map of token ids to biases in -100..100 is a 400 saying what is
+    wrong with it (OpenAI checks both), zero biases included; it was accepted when every bias was
+    0, and a string "0" was reported as an unsupported feature."""
+    c, _ = local
+    for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                       ("/completion", {"prompt": "Hi"})):
+        err = _error(c.post(path, json={**body, "max_tokens": 1, "logit_bias": bias}))
+        assert err["param"] == "logit_bias" and err["code"] == "invalid_value", err
+        assert says in err["message"], err
+
+
 def test_retrieve_model_head_health_and_cors(local):
     c, state = local
     for name in (MODEL, state.llm.name):
