@@ -305,7 +305,8 @@ def _no_limit_as_none(n: int) -> int | None:
 
 class CompletionRequest(_GenRequest):
     # OpenAI: a string, token ids, or a batch of either (one element only here: n = 1)
-    prompt: Union[str, List[Int], List[str], List[List[Int]]]
+    # text, token ids, llama.cpp's mixed list of text pieces and ids, or a batch of one of the first two
+    prompt: Union[str, List[Int], List[str], List[List[Int]], List[Union[Int, str]]]
 
 
 class ChatMessage(BaseModel):
@@ -347,7 +348,7 @@ _REQUESTS = (CompletionRequest, ChatRequest, ChatMessage, StreamOptions, Tokeniz
 _FIELDS = frozenset(name for m in _REQUESTS for name in m.model_fields)
 # What a union-typed field accepts, said plainly (pydantic reports one error per union member).
 _UNION_KINDS = {
-    "prompt": "a string, a list of token ids, or a list of strings",
+    "prompt": "a string, a list of token ids, a list of strings, or a list of strings and token ids",
     "stop": "a string or a list of strings",
     "content": "a string or a list of content parts",
     "logprobs": "a boolean or an integer",
@@ -829,6 +830,18 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
     def completion_prompt(req: CompletionRequest, llm: LLM) -> list[int]:
         p = req.prompt
+        if isinstance(p, list) and any(isinstance(x, str) for x in p) and any(isinstance(x, int) for x in p):
+            # llama.cpp's mixed prompt ([12, 34, "text", 56]): one prompt, each text piece tokenized,
+            # the model's BOS only before a text piece that comes first (its tokenize_mixed)
+            try:
+                ids: list[int] = []
+                for i, x in enumerate(p):
+                    ids += llm.tokenize(x, add_bos=None if i == 0 else False) if isinstance(x, str) else [x]
+                ids = llm.prompt_ids(ids)  # the ids in range
+            except (TypeError, ValueError) as e:
+                raise APIError(400, str(e), param="prompt") from None
+            check_prompt(llm, ids)
+            return ids
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):  # a batch of prompts
             if len(p) != 1:
                 raise APIError(400, "only one prompt per request is supported", param="prompt")

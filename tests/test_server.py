@@ -603,8 +603,10 @@ def test_validation_messages_name_the_field_plainly(local):
     """Not pydantic's union-member names ('prompt.str') nor its lax coercions."""
     c, _ = local
     cases = [
-        ({"prompt": 123}, "prompt", "prompt: must be a string, a list of token ids, or a list of strings"),
-        ({"prompt": [1, "a"]}, "prompt", "prompt: must be a string, a list of token ids, or a list of strings"),
+        ({"prompt": 123}, "prompt", "prompt: must be a string, a list of token ids, a list of strings, or a list "
+         "of strings and token ids"),
+        ({"prompt": [1, None]}, "prompt", "prompt: must be a string, a list of token ids, a list of strings, or a "
+         "list of strings and token ids"),
         ({"prompt": "x", "stop": 5}, "stop", "stop: must be a string or a list of strings"),
         ({"prompt": "x", "stream": "yes"}, "stream", 'stream: must be true or false, got "yes"'),
         ({"prompt": "x", "max_tokens": True}, "max_tokens", "max_tokens: must be an integer, got true"),
@@ -810,6 +812,22 @@ def test_completion_prompt_shapes(local):
     for p in ([ids, ids], ["a", "b"]):
         assert "only one prompt" in _error(c.post("/v1/completions", json={"prompt": p, "max_tokens": 1}))["message"]
     _error(c.post("/v1/completions", json={"prompt": [[1.5]], "max_tokens": 1}))
+
+
+def test_mixed_prompt(local):
+    """llama.cpp's mixed prompt, text pieces and token ids in one list, is one prompt: each piece
+    tokenized (the model's BOS only before a leading piece), the ids kept; on both endpoints."""
+    c, state = local
+    head, tail = state.llm.tokenize("The capital of"), state.llm.tokenize(" France is", add_bos=False)
+    for path, key in (("/completion", "content"), ("/v1/completions", None)):
+        want = c.post(path, json={"prompt": head + tail, "max_tokens": 3, "temperature": 0}).json()
+        got = c.post(path, json={"prompt": ["The capital of", *tail], "max_tokens": 3, "temperature": 0}).json()
+        text = (lambda r: r[key]) if key else (lambda r: r["choices"][0]["text"])
+        assert text(got) == text(want), (got, want)
+        r = c.post(path, json={"prompt": [*head, " France is"], "max_tokens": 3, "temperature": 0}).json()
+        assert text(r) == text(want), r
+    err = _error(c.post("/completion", json={"prompt": ["x", 10**7], "max_tokens": 1}))
+    assert err["param"] == "prompt" and "outside the vocabulary" in err["message"], err
 
 
 def test_cache_prompt(local):
