@@ -10,8 +10,9 @@ Format: the GGUF spec (github.com/ggml-org/ggml, docs/gguf.md), versions 2 and 3
 
 Why not ``gguf.GGUFReader``: it builds one numpy view per metadata element, ~12 s for the 151,936
 strings and ~151k merges of a Qwen2.5 vocabulary on a 2-core machine, against ~0.5 s here. The
-library stays the reference: tests compare this reader's keys and tensors with it, and files in
-layouts this reader does not handle (GGUF v1, big-endian) are left to it (``parse`` returns None).
+library stays the reference: tests compare this reader's keys and tensors with it, and metadata
+this reader does not handle (nested arrays) is left to it (``parse`` returns None). GGUF v1 and
+big-endian files are refused, as by llama.cpp (the kernels read little-endian tensor data).
 Every length and count is checked against the file size before it is used, so a truncated or
 corrupt file raises ValueError naming the offset, never a huge allocation or a short slice.
 """
@@ -64,9 +65,10 @@ def parse(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None, ski
 
     ``keep``: key prefixes whose values are materialized (None: every key) unless they start with one
     of ``skip`` (values not kept are stepped over without building them); ``tensors``: also read the
-    tensor table. Returns None for a layout this reader leaves to ``gguf.GGUFReader`` (GGUF v1,
-    big-endian, nested arrays). Raises FileNotFoundError, or ValueError for a file that is not GGUF
-    or is truncated / corrupt (the message names the offset and what ran past the end).
+    tensor table. Returns None for a layout this reader leaves to ``gguf.GGUFReader`` (metadata
+    with nested arrays). Raises FileNotFoundError, or ValueError for a file that is not GGUF, is of another
+    version than 2 or 3 or big-endian, or is truncated / corrupt (the message names the offset and what
+    ran past the end).
     """
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -86,7 +88,15 @@ def _parse(mm: mmap.mmap, size: int, keep: tuple[str, ...] | None, skip: tuple[s
         raise ValueError(f"GGUF magic invalid ({mm[:4]!r})")
     (version,) = unpack_from("<I", mm, 4)
     if version not in (2, 3):
-        return None
+        # As llama.cpp (gguf.cpp) words it: a huge version is a big-endian file, whose tensor data the
+        # little-endian kernels would read as noise; v1 (2023) predates 64-bit counts.
+        (swapped,) = unpack_from(">I", mm, 4)
+        if 1 <= swapped <= 3:
+            raise ValueError(f"a big-endian GGUF file (version {swapped} in big-endian byte order): not "
+                             "supported; convert the model again on a little-endian machine")
+        if version == 1:
+            raise ValueError("GGUF version 1 is no longer supported (nor by llama.cpp); convert the model again")
+        raise ValueError(f"unsupported GGUF version {version} (this reader knows versions 2 and 3)")
     n_tensors, n_kv = unpack_from("<QQ", mm, 8)
     off = 24
 
@@ -137,8 +147,10 @@ def _parse(mm: mmap.mmap, size: int, keep: tuple[str, ...] | None, skip: tuple[s
                 if want and atype == 7:
                     val = val.astype(bool)
                 off += dt.itemsize * n
-            else:  # nested arrays: no key this project reads has them
+            elif atype == ARRAY:  # nested arrays: no key this project reads has them
                 return None
+            else:
+                raise ValueError(f"corrupt: unknown array element type {atype} for metadata key {key!r}")
         elif vtype in SCALAR_FMT:
             fmt = SCALAR_FMT[vtype]
             need(off, struct.calcsize(fmt), f"the value of {key!r}")

@@ -2,7 +2,7 @@
 
 Format: the GGUF spec (github.com/ggml-org/ggml, docs/gguf.md). The header is read by
 ``pyminfer.gguf_file`` (0.4 s for a Qwen2.5 file where the `gguf` package's ``GGUFReader`` takes
-~12 s; layouts it leaves aside, GGUF v1 and big-endian, go to ``GGUFReader``); the file is mapped
+~12 s; metadata it leaves aside, nested arrays, goes to ``GGUFReader``); the file is mapped
 with numpy.memmap: tensor data are views into the mapping, never copied or dequantized at load.
 Architectures: ``qwen2`` and ``llama``.
 """
@@ -89,7 +89,7 @@ def _read_header(path: Path) -> tuple[dict[str, Any], list[TensorInfo], np.ndarr
             return h.kv, h.tensors, np.memmap(path, dtype=np.uint8, mode="r")
     except (ValueError, OverflowError, struct.error) as e:  # bad bytes, as the parser words them
         raise GGUFError.unreadable(path, e) from e
-    from gguf import GGUFReader  # GGUF v1, big-endian: the library's reader
+    from gguf import GGUFReader  # nested metadata arrays: the library's reader
 
     try:
         r = GGUFReader(path, "r")

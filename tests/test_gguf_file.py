@@ -68,13 +68,45 @@ def test_truncated_copies_name_what_is_missing(tmp_path, smol_path, cut, match):
         GGUFModel(p)
 
 
+@pytest.mark.parametrize("version,match", [
+    (b"\x00\x00\x00\x03", r"a big-endian GGUF file \(version 3 in big-endian byte order\): not supported"),
+    (b"\x01\x00\x00\x00", r"GGUF version 1 is no longer supported"),
+    (b"\x63\x00\x00\x00", r"unsupported GGUF version 99 \(this reader knows versions 2 and 3\)"),
+])
+def test_other_versions_and_big_endian_are_refused(tmp_path, smol_path, version, match):
+    """A big-endian file (its tensor data would be byte-swapped noise to the kernels), GGUF v1 and
+    unknown versions: a worded error, not one from the gguf library ("index 0 is out of bounds")."""
+    data = bytearray(smol_path.read_bytes()[:1 << 20])
+    data[4:8] = version
+    p = tmp_path / "v.gguf"
+    p.write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match=match):
+        GGUFModel(p)
+
+
+def test_unknown_array_element_type_is_corrupt(tmp_path, smol_path):
+    """An array of an unknown element type is a corrupt file, not one left to gguf.GGUFReader
+    (which said "np.uint32(72) is not a valid GGUFValueType")."""
+    import struct
+
+    data = bytearray(smol_path.read_bytes())
+    key = b"tokenizer.ggml.tokens"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)  # its value type, then the array header
+    assert struct.unpack_from("<II", data, at) == (9, 8)  # ARRAY of STRING
+    struct.pack_into("<I", data, at + 4, 72)
+    p = tmp_path / "t.gguf"
+    p.write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match=r"corrupt: unknown array element type 72 for metadata key 'tokenizer\.ggml\.tokens'"):
+        GGUFModel(p)
+
+
 def test_directory_is_refused(tmp_path):
     with pytest.raises(GGUFError, match="is a directory"):
         GGUFModel(tmp_path)
 
 
 def test_layouts_left_to_gguf_reader_load_alike(smol_path, monkeypatch):
-    """Where the fast reader declines a file (GGUF v1, big-endian: parse returns None) the model load
+    """Where the fast reader declines a file (nested metadata arrays: parse returns None) the model load
     goes through gguf.GGUFReader: the same config, tensor table and metadata."""
     fast = GGUFModel(smol_path)
     monkeypatch.setattr(gguf_file, "parse", lambda *a, **k: None)
