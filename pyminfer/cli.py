@@ -286,17 +286,18 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
     src = resolve_model(args.tokenizer_from)
     bar = None
-    try:
-        from tqdm import tqdm
-
-        bar = tqdm(total=0, unit="B", unit_scale=True, desc=f"synth {args.shape}", disable=args.quiet)
-    except ImportError:  # tqdm is a dependency; a missing one only loses the progress bar
-        pass
 
     def progress(done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.update(done - bar.n)
+        # made at the first tensor written, so that a refused argument prints no empty bar first
+        nonlocal bar
+        if bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:  # tqdm is a dependency; a missing one only loses the progress bar
+                return
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"synth {args.shape}", disable=args.quiet)
+        bar.total = total
+        bar.update(done - bar.n)
 
     try:
         n = write_synthetic_gguf(args.output, args.shape, src, seed=args.seed, n_layer=args.n_layer, progress=progress)

@@ -537,6 +537,10 @@ def test_tokenize_and_synth_report_corrupt_ggufs(tmp_path, smol_path):
         _one_line_error(_cli("synth", "--shape", "1.5b", "-q", "-o", str(tmp_path / "out.gguf"), "--tokenizer-from",
                              str(p)), f"{p}: not a valid GGUF file")
         assert not (tmp_path / "out.gguf").exists()
+    # a refused argument: the error alone, no empty progress bar drawn before it
+    err = _one_line_error(_cli("synth", "--shape", "7b", "--n-layer", "0", "-o", str(tmp_path / "out.gguf"),
+                               "--tokenizer-from", str(smol_path)), "n_layer must be in 1..")
+    assert "synth 7b" not in err, err
 
 
 @pytest.mark.parametrize("args,match", [
