@@ -93,7 +93,8 @@ def _parse(mm: mmap.mmap, size: int, keep: tuple[str, ...] | None, skip: tuple[s
         (swapped,) = unpack_from(">I", mm, 4)
         if 1 <= swapped <= 3:
             raise ValueError(f"a big-endian GGUF file (version {swapped} in big-endian byte order): not "
-                             "supported; convert the model again on a little-endian machine")
+                             "supported; gguf-py's gguf-convert-endian (pip install gguf) makes a "
+                             "little-endian copy")
         if version == 1:
             raise ValueError("GGUF version 1 is no longer supported (nor by llama.cpp); convert the model again")
         raise ValueError(f"unsupported GGUF version {version} (this reader knows versions 2 and 3)")

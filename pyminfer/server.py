@@ -133,34 +133,30 @@ def _biased(v: Any) -> bool:
 
 
 def _logit_bias_ids(v: Any) -> list[int]:
-    """The token ids of a logit_bias value (an object {"id": bias}, OpenAI, or a list of [id, bias]
-    pairs, llama.cpp, where a bias may also be false: ban); APIError 400 for any other shape, a key
-    that is not a token id, or a bias that is not a number in -100..100 (OpenAI's range)."""
-    def bias_ok(b: Any, ban_ok: bool) -> bool:
-        if b is False:
-            return ban_ok
-        return isinstance(b, (int, float)) and not isinstance(b, bool) and -100 <= b <= 100
+    """The token ids of a logit_bias value: an object {"id": bias} (OpenAI) or a list of [id, bias]
+    pairs (llama.cpp), where llama.cpp also takes a token's text for its id and false for a bias
+    (ban). APIError 400 for any other shape, an id that is not an integer >= 0, or a bias that is
+    not a number in -100..100 (OpenAI's range) or false. Text keys are not ids (not returned)."""
+    def bias_ok(b: Any) -> bool:
+        return b is False or (isinstance(b, (int, float)) and not isinstance(b, bool) and -100 <= b <= 100)
 
     def bad(why: str) -> APIError:
         return APIError(400, f"logit_bias: {why}", param="logit_bias", code="invalid_value")
 
+    j = json.dumps
     ids: list[int] = []
-    if isinstance(v, dict):
-        for k, b in v.items():
-            if not (isinstance(k, str) and k.isascii() and k.isdigit()):
-                raise bad(f"key {k!r} is not a token id (a string of digits, e.g. \"1234\")")
-            if not bias_ok(b, False):
-                raise bad(f"the bias of token {k} must be a number in -100..100, got {b!r}")
-            ids.append(int(k))
-    elif isinstance(v, list):
-        for p in v:
-            if not (isinstance(p, list) and len(p) == 2):
-                raise bad(f"{p!r} is not a [token id, bias] pair")
-            t, b = p
-            if not (isinstance(t, int) and not isinstance(t, bool) and t >= 0):
-                raise bad(f"{t!r} is not a token id (an integer >= 0)")
-            if not bias_ok(b, True):
-                raise bad(f"the bias of token {t} must be a number in -100..100 or false, got {b!r}")
+    pairs = list(v.items()) if isinstance(v, dict) else v if isinstance(v, list) else []
+    for p in pairs:
+        if not isinstance(v, dict) and not (isinstance(p, list) and len(p) == 2):
+            raise bad(f"{j(p)} is not a [token, bias] pair")
+        t, b = p
+        if isinstance(v, dict) and t.lstrip("-").isdigit() and t.isascii():
+            t = int(t)  # OpenAI's keys are ids written as strings
+        if isinstance(t, bool) or not isinstance(t, (int, str)) or (isinstance(t, int) and t < 0):
+            raise bad(f"{j(t)} is not a token id (an integer >= 0) or a token's text")
+        if not bias_ok(b):
+            raise bad(f"the bias of token {j(t)} must be a number in -100..100 or false, got {j(b)}")
+        if isinstance(t, int):
             ids.append(t)
     return ids
 
@@ -832,11 +828,13 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         p = req.prompt
         if isinstance(p, list) and any(isinstance(x, str) for x in p) and any(isinstance(x, int) for x in p):
             # llama.cpp's mixed prompt ([12, 34, "text", 56]): one prompt, each text piece tokenized,
-            # the model's BOS only before a text piece that comes first (its tokenize_mixed)
+            # the model's special tokens only with a text piece that comes first (its tokenize_mixed)
             try:
                 ids: list[int] = []
                 for i, x in enumerate(p):
-                    ids += llm.tokenize(x, add_bos=None if i == 0 else False) if isinstance(x, str) else [x]
+                    # special tokens (BOS, EOS where the model adds them) around the first piece only
+                    first = None if i == 0 else False
+                    ids += llm.tokenizer.encode(x, add_bos=first, add_eos=first) if isinstance(x, str) else [x]
                 ids = llm.prompt_ids(ids)  # the ids in range
             except (TypeError, ValueError) as e:
                 raise APIError(400, str(e), param="prompt") from None

@@ -227,7 +227,7 @@ def read_gguf_tokenizer_metadata(reader_or_path: Any) -> dict[str, Any]:
             raise GGUFError.unreadable(path, e) from e
         if h is not None:
             return h.kv
-        import gguf  # layouts the fast parser leaves to the library (GGUF v1, big-endian)
+        import gguf  # metadata the fast parser leaves to the library (nested arrays)
 
         try:  # as GGUFModel: the library's reader may also run out of memory on a corrupt count
             return _fields_from_reader(gguf.GGUFReader(path), prefixes)
@@ -464,6 +464,8 @@ class Tokenizer:
             merges.append((a, b))
         try:
             bpe = models.BPE(vocab=token_to_id, merges=merges, ignore_merges=spec.ignore_merges)
+        except MemoryError:
+            raise
         except Exception as e:  # the library raises a bare Exception, e.g. a merge of unknown tokens
             raise ValueError(f"corrupt tokenizer metadata: {e} (tokenizer.ggml.merges must only join "
                              "tokens of tokenizer.ggml.tokens)") from None

@@ -826,9 +826,10 @@ def test_attention_mma_more_than_64_splits(shape, P, splits, monkeypatch):
     under MI_CUDA_ATTN_SPLITS=100, g6_hd128 (8 warps, 128-slot tiles; the 1.5B's layout) at 8450
     takes 67 of 128 (100 or 70: the merge launch's 8-part and 4-part instances) or 34 of 256 (64).
     The batch equals its single forwards bitwise and the
-    CPU within NMSE 1e-5; rows of > 64 splits take the combine launch whatever
-    MI_CUDA_ATTN_COMBINE_FROM says (the last-block merge holds 64), so 65 ("never") gives the same
-    bits as 1 there, and other bits than 64 splits."""
+    CPU within NMSE 1e-5; rows of > 64 splits take the combine launch (the last-block merge holds
+    64), so MI_CUDA_ATTN_COMBINE_FROM=65 ("never", for rows of <= 64 splits) gives the same bits as 1
+    there, and other bits than 64 splits. (mi_cuda_attention also clamps a larger combine_from to
+    65, a guard no context reaches: context creation refuses values above 65.)"""
     monkeypatch.setenv("MI_CUDA_ATTN_MMA", "1")
     monkeypatch.setenv("MI_CUDA_ATTN_SPLITS", splits)
     model, prompt, batch = attn_case(shape, 23, P, P, n_batch=3)

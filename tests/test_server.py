@@ -739,18 +739,20 @@ def test_neutral_and_harmless_fields_are_accepted(local):
     r = c.post("/v1/completions", json={**base, **neutral})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == plain
-    for bias in ({"15043": 0, "16": 0.0}, [[15043, 0]]):  # zero biases change nothing: accepted
+    # zero biases change nothing: accepted, also by a token's text (llama.cpp's form)
+    for bias in ({"15043": 0, "16": 0.0}, [[15043, 0]], {"Hello": 0}, [["Hello", 0.0]]):
         r = c.post("/v1/completions", json={**base, "logit_bias": bias})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain, r.text
 
 
 @pytest.mark.parametrize("bias,says", [
-    ({"abc": 0}, "key 'abc' is not a token id"), ({"-1": 0}, "key '-1' is not a token id"),
-    ({"5": "0"}, "the bias of token 5 must be a number in -100..100, got '0'"),
-    ({"5": 101}, "must be a number in -100..100"), ({"5": True}, "must be a number"),
+    ({"-1": 0}, "-1 is not a token id (an integer >= 0) or a token's text"),
+    ({"5": "0"}, 'the bias of token 5 must be a number in -100..100 or false, got "0"'),
+    ({"5": 101}, "must be a number in -100..100"), ({"5": True}, "got true"),
     ({"999999": 0}, "token id 999999 is outside the vocabulary (0..49151)"),
-    ([[5]], "[5] is not a [token id, bias] pair"), ([[5, "x"]], "the bias of token 5 must be"),
-    ([[-3, 0]], "-3 is not a token id"), ([[999999, 0]], "token id 999999 is outside the vocabulary"),
+    ([[5]], "[5] is not a [token, bias] pair"), ([[5, "x"]], 'the bias of token 5 must be'),
+    ([[-3, 0]], "-3 is not a token id"), ([[None, 0]], "null is not a token id"),
+    ([[999999, 0]], "token id 999999 is outside the vocabulary"),
 ])
 def test_malformed_logit_bias_is_refused(local, bias, says):
     """A logit_bias that is not a map of token ids to biases in -100..100 is a 400 saying what is
@@ -814,10 +816,20 @@ def test_completion_prompt_shapes(local):
     _error(c.post("/v1/completions", json={"prompt": [[1.5]], "max_tokens": 1}))
 
 
-def test_mixed_prompt(local):
+def test_mixed_prompt(local, monkeypatch):
     """llama.cpp's mixed prompt, text pieces and token ids in one list, is one prompt: each piece
-    tokenized (the model's BOS only before a leading piece), the ids kept; on both endpoints."""
+    tokenized (the model's BOS and EOS only with a leading piece), the ids kept; on both endpoints."""
     c, state = local
+    tok = state.llm.tokenizer
+    monkeypatch.setattr(tok, "add_bos", True)  # SmolLM2 adds neither: make the rule visible
+    monkeypatch.setattr(tok, "add_eos", True)
+    mixed = c.post("/completion", json={"prompt": ["The capital of", 12, " France is", 13], "n_predict": 0,
+                                        "cache_prompt": False}).json()
+    want = tok.encode("The capital of") + [12] + tok.encode(" France is", add_bos=False, add_eos=False) + [13]
+    assert want[0] == tok.bos_id and want.count(tok.bos_id) == 1 and mixed["tokens_evaluated"] == len(want), mixed
+    tail_first = c.post("/completion", json={"prompt": [12, "x"], "n_predict": 0, "cache_prompt": False}).json()
+    assert tail_first["tokens_evaluated"] == 1 + len(tok.encode("x", add_bos=False, add_eos=False)), tail_first
+    monkeypatch.undo()
     head, tail = state.llm.tokenize("The capital of"), state.llm.tokenize(" France is", add_bos=False)
     for path, key in (("/completion", "content"), ("/v1/completions", None)):
         want = c.post(path, json={"prompt": head + tail, "max_tokens": 3, "temperature": 0}).json()

@@ -714,7 +714,7 @@ __global__ void __launch_bounds__(NW * 32)
 // The tensor-core kernel's split merge as a launch of its own, for rows of >= combine_from splits
 // (context.cu: every row for models with <= 2 KV heads on the H200, else none; the kernel's last
 // block merges the others, as mi_attn_kernel does). Block = (query head h, row t), Q x HD
-// threads: thread (q, dd) loads the M, L and acc[dd] of splits q, q + Q, .. (16 at most), all in
+// threads: thread (q, dd) loads the M, L and acc[dd] of splits q, q + Q, .. (SPQ at most), all in
 // flight at once, and merges them; then the Q parts are merged in order and the output
 // quantized. So the merge is one round of loads spread over n_head blocks, where the last-block
 // merge is a fence, a counter and five dependent rounds in one block (~5-7 us a layer at 4k-16k on

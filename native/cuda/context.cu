@@ -38,7 +38,7 @@
 #define MI_ATTN_SPLITS_CC 32
 // The tensor-core attention's split merge by a launch of its own (mi_attn_combine_kernel) for
 // every row where that kernel may take more than 48 splits (mi_mma_splits > 48: <= 2 KV heads on
-// the H200, 64 splits), else by the kernel's last block. Measured (depth.py, GPU ms a token,
+// the H200, 66 splits since session 26, 64 when this was measured), else by the kernel's last block. Measured (depth.py, GPU ms a token,
 // last-block merge / own launch for every row; docs/perf.md, session 8): 1.5B shape (<= 64 splits)
 // 16,384 (43 used) 1.317 / 1.250, 4,096 (33) 1.108 / 1.102, 2,048 (17) 1.066 / 1.086; 7B (<= 33)
 // 16,384 (33) 2.697 / 2.735, 4,096 (33) 2.455 / 2.506; 14B (<= 16) 6.166 / 6.176: the launch pays on
@@ -96,7 +96,8 @@ struct mi_cuda_ctx {
     // one wave of blocks at nt = 1 (mi_mma_splits).
     int attn_splits, attn_group, attn_splits_mma;
     // Rows of the tensor-core attention with >= attn_combine_from splits are merged by a launch of
-    // their own (default 1 or 65 = never: MI_ATTN_COMBINE_SPLITS; MI_CUDA_ATTN_COMBINE_FROM=N, 1..65).
+    // their own (default 1 or 65 = never: MI_ATTN_COMBINE_SPLITS; MI_CUDA_ATTN_COMBINE_FROM=N, 1..65;
+    // rows of more than 64 splits take that launch whatever it says: mi_cuda_attention).
     int attn_combine_from;
     // Rows at positions >= attn_mma_from run the tensor-core attention, the others the CUDA-core
     // kernel (INT_MAX: never; 0: always): a function of the position alone, so rows stay bitwise
@@ -127,7 +128,7 @@ struct mi_cuda_ctx {
     float *part;           // [part_rows][n_head][MI_ATTN_MMA_SPLITS][head_dim+2] attention partials
     int part_rows;         // rows the decode attention kernels can get: max_nt, or <= 9 when the
                            // GEMM path's forwards (nt >= MI_MMQ_MIN_NT) take the prefill kernel
-                           // (201 MB less on the 1.5B at max_nt 512)
+                           // (~400 MB less on the 1.5B at max_nt 512, with the 128-split stride)
     float *logits;         // [max_nt][n_vocab]
     int32_t *ints;         // device: tokens[max_nt], pos[max_nt], out_rows[max_nt], n_out[1], argmax[max_nt]
     int32_t *h_ints;       // pinned host staging, same layout
