@@ -218,7 +218,7 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
     A line that is not valid text (bytes that are not UTF-8 reach here as lone surrogates, see
     ``cli.cmd_chat``) is refused with a message and skipped, and the loop goes on, as a REPL does;
     the return value is then 1 at the end (so a script piping lines in sees the failure), else 0."""
-    from .tokenizer import InvalidUnicodeError
+    from .tokenizer import InvalidUnicodeError, lone_surrogate
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -287,7 +287,9 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
                 it.close()
         except InvalidUnicodeError as e:  # raised while building the prompt: the turn never started
             refused += 1
-            byte = f" (byte 0x{e.byte:02x})" if e.byte is not None else ""
+            i = lone_surrogate(line)  # where in the line (the error's index is in the whole prompt)
+            at = f" at offset {len(line[:i].encode('utf-8', 'surrogateescape'))}" if i is not None else ""
+            byte = f" (byte 0x{e.byte:02x}{at})" if e.byte is not None else ""
             print(f"(error: this line is not valid UTF-8{byte}; pyminfer reads UTF-8. Line skipped)", file=err,
                   flush=True)
             continue

@@ -475,10 +475,10 @@ def test_cli_refuses_text_that_is_not_utf8(tmp_path, smol_path):
     _one_line_error(_cli("chat", *m, "--system", b"\xfe", input=b""), "--system is not valid UTF-8 (byte 0xfe at offset 0)")
     _one_line_error(_cli("tokenize", "-m", str(smol_path), b"ab\xff"), "TEXT is not valid UTF-8 (byte 0xff at offset 2)")
     # a bad chat line is skipped with a message and the session goes on (exit status 1 at the end)
-    out = _cli("chat", *m, "-n", "2", "--temp", "0", input=b"hi\n\xff\xfe\nhello\n")
+    out = _cli("chat", *m, "-n", "2", "--temp", "0", input=b"hi\n\xc3\xa9\xff\xfe\nhello\n")
     err = out.stderr.decode("utf-8", "replace")
     assert out.returncode == 1 and "Traceback" not in err, err
-    assert "this line is not valid UTF-8 (byte 0xff)" in err and "Line skipped" in err, err
+    assert "this line is not valid UTF-8 (byte 0xff at offset 2)" in err and "Line skipped" in err, err
     assert err.count("finish: ") == 2, err  # the good lines before and after it were answered
     crlf = tmp_path / "crlf.txt"
     crlf.write_bytes(b"The capital of France is\r\n")
