@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -150,8 +151,8 @@ def _logit_bias_ids(v: Any) -> list[int]:
         if not isinstance(v, dict) and not (isinstance(p, list) and len(p) == 2):
             raise bad(f"{j(p)} is not a [token, bias] pair")
         t, b = p
-        if isinstance(v, dict) and t.lstrip("-").isdigit() and t.isascii():
-            t = int(t)  # OpenAI's keys are ids written as strings
+        if isinstance(v, dict) and re.fullmatch(r"-?[0-9]+", t):
+            t = int(t)  # OpenAI's keys are ids written as strings ("--5" is text, not int("--5"))
         if isinstance(t, bool) or not isinstance(t, (int, str)) or (isinstance(t, int) and t < 0):
             raise bad(f"{j(t)} is not a token id (an integer >= 0) or a token's text")
         if not bias_ok(b):

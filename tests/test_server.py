@@ -695,6 +695,7 @@ UNIMPLEMENTED = [
     ("json_schema", {"type": "object"}), ("ignore_eos", True), ("suffix", "return x"), ("n_probs", 3),
     ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("logit_bias", [[15043, 1.0]]),
     ("logit_bias", {"15043": -100}), ("logit_bias", {"15043": 0, "16": 2}), ("logit_bias", [[15043, False]]),
+    ("logit_bias", {"--5": 7}),  # token text, not an id: int("--5") was a 500
     ("dynatemp_range", 0.5), ("top_n_sigma", 1.0), ("samplers", ["top_k"]),
     ("chat_template_kwargs", {"enable_thinking": False}), ("t_max_predict_ms", 100),
     ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
