@@ -821,15 +821,13 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
                                  a.n_head_kv, a.scale, a.max_splits, a.part, a.cnt, a.att, a.xq, a.lo, a.hi, a.combine_from,
                                  0, a.hint_steps);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
-            const dim3 cg(a.n_head, a.nt);
-            if (a.max_splits <= 4 * 16)
-                return mi_launch(mi_attn_combine_kernel<DPL * 32, 4, 16>, cg, 4 * DPL * 32, s, a.part, a.pos,
-                                 a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
-            if (a.max_splits <= 4 * 18)
-                return mi_launch(mi_attn_combine_kernel<DPL * 32, 4, 18>, cg, 4 * DPL * 32, s, a.part, a.pos,
-                                 a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
-            return mi_launch(mi_attn_combine_kernel<DPL * 32, 8, 16>, cg, 8 * DPL * 32, s, a.part, a.pos,
-                             a.n_head, nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
+            // The merge's instance by max_splits (Q parts x SPQ splits a thread; the kernel's comment).
+            const int cq = a.max_splits <= 4 * 18 ? 4 : 8;
+            auto *combine = a.max_splits <= 4 * 16   ? mi_attn_combine_kernel<DPL * 32, 4, 16>
+                            : a.max_splits <= 4 * 18 ? mi_attn_combine_kernel<DPL * 32, 4, 18>
+                                                     : mi_attn_combine_kernel<DPL * 32, 8, 16>;
+            return mi_launch(combine, dim3(a.n_head, a.nt), cq * DPL * 32, s, a.part, a.pos, a.n_head,
+                             nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
         }
         switch (a.group == 1 ? a.n_head / a.n_head_kv : 1) {
         case 2: return mi_attn_launch<DPL, 2>(a, s);
