@@ -8,6 +8,33 @@ import os
 # the OpenMP runtime loads.
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
+try:
+    from . import _core  # noqa: E402,F401  (the compiled C/CUDA core)
+except ImportError as e:  # a source tree never built, or a build for another Python
+    # A checkout never built: Python then says "cannot import name '_core' from partially initialized
+    # module ... (most likely due to a circular import)", which points the wrong way: not chained.
+    unbuilt = "partially initialized" in str(e)
+    why = "" if unbuilt else f" ({e})"
+    raise ImportError(
+        f"pyminfer's native core (pyminfer._core) is not built or does not load{why}; install the package "
+        "with `pip install .` (or `pip install -e .` in a checkout)"
+    ) from (None if unbuilt else e)
+
+
+
+def _installed_version() -> str:
+    """The installed distribution's version (importlib.metadata), or 'unknown' in a source checkout
+    without metadata; never raises."""
+    try:
+        from importlib.metadata import version
+
+        return version("pyminfer")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "unknown"
+
+
+__version__: str = _installed_version()  # as `pyminfer --version` prints it
+
 from .api import LLM  # noqa: E402,F401  (imports no server dependency)
 from .ngram import NgramSpec  # noqa: E402,F401  (LLM(spec_ngram=NgramSpec(n, m)))
 from .sampling import NaNLogitsError  # noqa: E402,F401  (what generation raises for corrupt weights)

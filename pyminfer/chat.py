@@ -216,8 +216,9 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
     """The read-eval loop: read a line, stream the reply, print the stats line.
 
     A line that is not valid text (bytes that are not UTF-8 reach here as lone surrogates, see
-    ``cli.cmd_chat``) is refused with a message and skipped, and the loop goes on, as a REPL does;
-    the return value is then 1 at the end (so a script piping lines in sees the failure), else 0."""
+    ``cli.cmd_chat``) or a message too long for the context even alone is refused with a message
+    and skipped, and the loop goes on, as a REPL does; the return value is then 1 at the end (so a
+    script piping lines in sees the failure), else 0."""
     from .tokenizer import InvalidUnicodeError, lone_surrogate
 
     out = out or sys.stdout
@@ -293,7 +294,8 @@ def run_chat(session: ChatSession, *, stdin: Any = None, out: Any = None, err: A
             print(f"(error: this line is not valid UTF-8{byte}; pyminfer reads UTF-8. Line skipped)", file=err,
                   flush=True)
             continue
-        except ContextFull as e:
+        except ContextFull as e:  # the message alone does not fit: dropped, like a line that is not UTF-8
+            refused += 1
             print(f"\n(error: {e}; /clear to start over)", file=err, flush=True)
             if getattr(session, "_turn", None) is not None:
                 session._turn = None

@@ -352,30 +352,41 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return main_chat(args)  # run_chat refuses and skips a line that is not UTF-8
 
 
+class MissingExtraError(ImportError):
+    """An optional dependency group is not installed (its message says which `pip install` adds it);
+    `main` prints it as one line, not a traceback."""
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server import main_serve
+    from .server import main_serve  # MissingExtraError without fastapi / uvicorn
 
     _check_common(args)  # bad flags end here, not in every request once the server is up
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    from .models import MODELS, resolve_model
+
+    # A missing model or draft file ends here, before uvicorn starts and announces its address;
+    # known names are fetched (slowly) by the loader thread, behind /health's 503.
+    for name in (args.model, getattr(args, "spec_draft", None)):
+        if name is not None and name not in MODELS:
+            resolve_model(name)
     return main_serve(args)
 
 
 def package_version() -> str:
-    """The installed pyminfer distribution's version string (importlib.metadata), or 'unknown' in a
-    source checkout without metadata; never raises. Shared by `pyminfer --version` and the server."""
-    try:
-        from importlib.metadata import version
+    """The installed pyminfer distribution's version string (`pyminfer.__version__`: importlib.metadata),
+    or 'unknown' in a source checkout without metadata; never raises. Shared by `pyminfer --version`
+    and the server."""
+    from . import __version__
 
-        return version("pyminfer")
-    except Exception:  # noqa: BLE001 - not installed as a distribution
-        return "unknown"
+    return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pyminfer", description="GGUF inference with speculative decoding")
     ap.add_argument("--version", action="version", version=f"pyminfer {package_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    ap.subcommands = sub.choices  # type: ignore[attr-defined]  # name -> its parser (main's errors)
 
     r = sub.add_parser("run", help="generate text from a prompt")
     _add_model_args(r)
@@ -456,7 +467,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 
     warnings.showwarning = _show_warning
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra:  # reported with the subcommand's usage, not the top level's (argparse's parse_args)
+        ap.subcommands[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -471,12 +485,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError):  # stdout without a file descriptor (tests' capture)
             pass
         return 141
-    except (ValueError, FileNotFoundError, RuntimeError, MemoryError, KeyError) as e:
+    except (ValueError, RuntimeError, MemoryError, KeyError, MissingExtraError) as e:
         advice = getattr(e, "advice", "")  # NaNLogitsError: what to do about a cached file
         print(f"pyminfer: error: {e}{'; ' + advice if advice else ''}", file=sys.stderr)
         return 1
-    except OSError as e:  # unreadable input, unwritable output, full disk
-        print(f"pyminfer: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+    except OSError as e:  # missing or unreadable input, unwritable output, full disk
+        name = f"{e.filename}: " if e.filename is not None else ""
+        print(f"pyminfer: error: {name}{e.strerror or e}", file=sys.stderr)
         return 1
 
 

@@ -80,9 +80,14 @@ def cache_path() -> Path:
 
 
 def cache_dir() -> Path:
-    """The model cache: ``$PYMINFER_CACHE`` or ``~/.cache/pyminfer`` (created if missing)."""
+    """The model cache: ``$PYMINFER_CACHE`` or ``~/.cache/pyminfer`` (created if missing).
+
+    Raises OSError naming the directory and PYMINFER_CACHE when it cannot be created."""
     d = cache_path()
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror} (the model cache; PYMINFER_CACHE sets another directory)", str(d)) from e
     return d
 
 

@@ -35,8 +35,10 @@ try:
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
-except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
+except ImportError as e:  # tests: test_serve_without_server_extra
+    from .cli import MissingExtraError
+
+    raise MissingExtraError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
 
 from .api import LLM, ChatTemplateError
 from .cli import package_version
@@ -747,7 +749,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             busy = state.metrics.processing > 0
         return JSONResponse({
             "default_generation_settings": {
-                "id": 0, "n_ctx": llm.n_ctx, "speculative": llm.draft is not None, "is_processing": busy,
+                "id": 0, "n_ctx": llm.n_ctx, "speculative": llm.draft is not None or llm.spec_ngram is not None,
+                "is_processing": busy,
                 # n_predict -1: until end of generation or a full context (/completion's default);
                 # seed -1: random
                 "params": {"n_predict": -1, "seed": -1, **defaults, "stop": [], "stream": False}},
@@ -810,12 +813,14 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                            param="logit_bias", code="invalid_value")
         return llm
 
-    def check_prompt(llm: LLM, ids: list[int]) -> None:
+    def check_prompt(llm: LLM, ids: list[int], param: str = "prompt") -> None:
+        """400 for an empty prompt or one that leaves no position free; ``param``: the request
+        field the prompt came from ("messages" for a chat)."""
         if not ids:
-            raise APIError(400, "the prompt is empty", param="prompt")
+            raise APIError(400, "the prompt is empty", param=param)
         if len(ids) >= llm.n_ctx:
             raise APIError(400, f"the prompt has {len(ids)} tokens; this model's context holds {llm.n_ctx} "
-                           "(at least one position must stay free)", param="prompt",
+                           "(at least one position must stay free)", param=param,
                            code="context_length_exceeded")
 
     def max_tokens(req: _GenRequest, default: int | None) -> int | None:
@@ -903,9 +908,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             ids = await _off_loop(render)
         except ChatTemplateError as e:  # the model's fault, not the request's
             raise APIError(500, str(e), type="server_error", code="chat_template_error") from None
-        except ValueError as e:
-            raise APIError(400, str(e), param=getattr(e, "param", "messages")) from None
-        check_prompt(llm, ids)
+        except ValueError as e:  # MessageError: its param is the field's path
+            raise APIError(400, str(e), param=getattr(e, "param", "messages"), code="invalid_value") from None
+        check_prompt(llm, ids, param="messages")
         params = _params(req)
         n = max_tokens(req, None)
         cid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -1062,8 +1067,9 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
          cache: bool = True) -> StreamingResponse:
     """A streaming generation as server-sent events: ``data: {json}`` chunks (``first()``, then
     ``delta(text)`` per piece, then ``final(result)``, then a usage-only chunk from ``usage_piece``
-    when given), then ``data: [DONE]`` unless ``done_marker`` is false (llama.cpp's /completion
-    has none). The generation stops at the next token when the client disconnects."""
+    when given: OpenAI's ``stream_options.include_usage``, where every other chunk then has
+    ``"usage": null``), then ``data: [DONE]`` unless ``done_marker`` is false (llama.cpp's
+    /completion has none). The generation stops at the next token when the client disconnects."""
     if state.closing.is_set():  # a 503 response, not a 200 stream that holds only the error
         raise _shutting_down()
     loop = asyncio.get_running_loop()
@@ -1086,6 +1092,13 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
     def sse(obj: Any) -> bytes:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
+    def chunk(d: dict[str, Any]) -> bytes:
+        # OpenAI's stream_options.include_usage: every chunk but the last, usage-only one carries
+        # "usage": null (a client that adds up usage over chunks must see it once)
+        if usage_piece is not None:
+            d["usage"] = None
+        return sse(d)
+
     async def events() -> AsyncIterator[bytes]:
         # the job starts with the body, so the finally below always pairs with it: a client gone
         # before the body started left a generation running to its limit, never untracked
@@ -1095,12 +1108,12 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
         loop.run_in_executor(state.worker, work)
         try:
             for d in first():
-                yield sse(d)
+                yield chunk(d)
             while True:
                 kind, val = await queue.get()
                 if kind == "chunk":
                     if val:
-                        yield sse(delta(val))
+                        yield chunk(delta(val))
                 elif kind == "done":
                     if val is None:
                         if state.closing.is_set():  # not a disconnect: tell the client why it ends
@@ -1111,11 +1124,12 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
                                 yield b"data: [DONE]\n\n"
                         return
                     fin = final(val)
-                    yield sse(fin)
+                    usage = fin.get("usage")
+                    yield chunk(fin)
                     if usage_piece is not None:
                         u = usage_piece("", None)
                         u["choices"] = []
-                        u["usage"] = fin["usage"]
+                        u["usage"] = usage
                         yield sse(u)
                     if done_marker:
                         yield b"data: [DONE]\n\n"
@@ -1173,7 +1187,12 @@ class _CatchAll:
 
 def main_serve(args: Any) -> int:
     """``pyminfer serve``: start uvicorn at once, load the model in a background thread."""
-    import uvicorn
+    try:
+        import uvicorn
+    except ImportError as e:
+        from .cli import MissingExtraError
+
+        raise MissingExtraError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
 
     from .cli import _load
 

@@ -82,9 +82,17 @@ def test_tokenize_detokenize(llm):
     assert len(llm.tokenize("<|im_start|>", parse_special=False)) > 1
 
 
+def test_negative_max_tokens_is_no_limit():
+    """max_tokens=-1 is "no limit" (as None, the CLI's -n -1, the server's n_predict -1 and
+    llama-cpp-python): it was a ValueError. The run ends at the full context, as with None."""
+    with LLM("smollm2-135m", device="cpu", n_ctx=24) as small:
+        a = small.generate("Once upon a time", max_tokens=-1, temperature=0)
+        b = small.generate("Once upon a time", max_tokens=None, temperature=0)
+        assert a.stop_reason == "context" and a.generated_ids == b.generated_ids
+        assert small.generate("Once upon a time", max_tokens=0).generated_ids == []
+
+
 def test_errors(llm):
-    with pytest.raises(ValueError):
-        llm.generate(PROMPT, max_tokens=-1)
     with pytest.raises(ValueError):
         llm.generate("", max_tokens=2)
     with pytest.raises(ContextFull):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -729,3 +730,35 @@ def test_api_argument_types_named(smol_path):
         a = llm.generate("Hi", max_tokens=2, temperature=0, stop=("zz", "yy"))  # tuples and arrays still work
         b = llm.generate(np.array(llm.tokenize("Hi")), max_tokens=2, temperature=0)
         assert a.generated_ids == b.generated_ids and len(a.generated_ids) == 2
+
+
+def test_cli_reports_usage_errors_and_missing_files_by_name(tmp_path, smol_path):
+    """An unknown flag shows the subcommand's usage (it showed the top level's); a missing -f file,
+    an uncreatable model cache and a missing model for `serve` are one line naming the path (the
+    first two were a bare "[Errno 2] ..."; serve started uvicorn and announced its address first)."""
+    out = _cli("run", "-m", str(smol_path), "-p", "hi", "--bogus")
+    err = out.stderr.decode()
+    assert out.returncode == 2 and "usage: pyminfer run" in err and "unrecognized arguments: --bogus" in err, err
+    _one_line_error(_cli("run", "-m", str(smol_path), "-f", str(tmp_path / "nope.txt")),
+                    f"pyminfer: error: {tmp_path / 'nope.txt'}: No such file or directory")
+    env = {**os.environ, "PYMINFER_CACHE": str(smol_path / "sub")}  # under a file: cannot be created
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-m", "smollm2-135m", "-p", "hi"], env=env,
+                         capture_output=True, timeout=120)
+    _one_line_error(out, f"{smol_path / 'sub'}: Not a directory (the model cache; PYMINFER_CACHE")
+    err = _one_line_error(_cli("serve", "-m", str(tmp_path / "nope.gguf"), "--port", "0"), "model file not found")
+    assert "Uvicorn running" not in err
+
+
+def test_missing_server_extra_and_native_core_are_one_line_errors():
+    """`pyminfer serve` without fastapi / uvicorn: the install advice as one line (it was a
+    traceback); `import pyminfer` without the compiled core: an ImportError that says so (it was
+    Python's "partially initialized module ... circular import")."""
+    code = ("import sys; sys.modules['fastapi'] = None\n"
+            "from pyminfer.cli import main\n"
+            "sys.exit(main(['serve', '-m', 'smollm2-135m']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    _one_line_error(out, "pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'")
+    code = "import sys; sys.modules['pyminfer._core'] = None\nimport pyminfer"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "native core (pyminfer._core) is not built" in out.stderr, out.stderr
+    assert "circular import" not in out.stderr

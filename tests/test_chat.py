@@ -180,3 +180,16 @@ def test_n_predict_minus_one_runs_to_the_end_of_the_context():
     assert res["stop_reason"] == "context" and len(res["generated_ids"]) == 16, res
     out = _cli("run", "-m", MODEL, "--device", "cpu", "-n", "-2", "-p", "hi")
     assert out.returncode == 1 and "must be >= -1" in out.stderr
+
+
+def test_message_too_long_for_the_context_is_skipped_with_status_1():
+    """A message that cannot fit even alone is dropped with a message and the loop goes on (the next
+    line is answered), and the exit status is then 1, as for a line that is not UTF-8: a script
+    piping lines in sees that one was dropped (it exited 0)."""
+    ensure_model(MODEL, progress=False)
+    out = _cli("chat", "-m", MODEL, "--device", "cpu", "-c", "64", "-n", "2", "--temp", "0",
+               stdin="hello " * 80 + "\nhi\n")
+    assert out.returncode == 1, out.stderr
+    assert re.search(r"the message needs \d+ tokens; the context holds n_ctx=64", out.stderr), out.stderr
+    assert len(STATS.findall(out.stderr)) == 1, out.stderr  # "hi" was still answered
+    assert "Traceback" not in out.stderr

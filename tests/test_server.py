@@ -327,6 +327,22 @@ def test_speculative_metrics_in_process():
         assert vals["pyminfer_spec_rounds_total"] > 0
         assert vals["pyminfer_spec_draft_tokens_total"] >= vals["pyminfer_spec_accepted_tokens_total"] > 0
         assert vals['pyminfer_spec_draft_tokens_at_position_total{position="1"}'] > 0
+        assert c.get("/props").json()["default_generation_settings"]["speculative"] is True
+    state.llm.close()
+
+
+def test_props_says_speculative_with_ngram_drafts(local):
+    """/props' speculative is true for n-gram drafting too (--spec-type ngram-simple): it said false
+    without a draft model. The plain server of ``local`` says false."""
+    from pyminfer import LLM, NgramSpec
+    from pyminfer.server import ServerState
+
+    c, _ = local
+    assert c.get("/props").json()["default_generation_settings"]["speculative"] is False
+    path = str(ensure_model(MODEL, progress=False))
+    state = ServerState(lambda: LLM(path, device="cpu", n_ctx=128, spec_ngram=NgramSpec(3, 4)), aliases=[MODEL])
+    with _serving(state, 60) as c2:
+        assert c2.get("/props").json()["default_generation_settings"]["speculative"] is True
     state.llm.close()
 
 
@@ -475,10 +491,13 @@ def test_developer_role_is_system_and_unknown_roles_are_refused(local):
     assert llm.apply_chat_template(dev) == llm.apply_chat_template(sys_)
     for role in ("foo", "User", "function"):
         err = _error(_chat(c, [{"role": "user", "content": "Hi"}, {"role": role, "content": "x"}]))
-        assert err["param"] == "messages.1.role"
+        assert err["param"] == "messages.1.role" and err["code"] == "invalid_value"  # code was null
         assert repr(role) in err["message"] and "system, developer, user, assistant, tool" in err["message"]
         with pytest.raises(ValueError, match="unknown role"):  # the Python API says the same
             llm.chat([{"role": role, "content": "x"}], max_tokens=1)
+    # a chat too long for the context names "messages" (it named "prompt", a field chats do not have)
+    err = _error(_chat(c, [{"role": "user", "content": "hello " * 400}]))
+    assert err["code"] == "context_length_exceeded" and err["param"] == "messages", err
 
 
 SURROGATES = [
@@ -670,6 +689,30 @@ def test_deeply_nested_body_is_a_400(local):
 # ------------------------------------------------------------------------------- llama.cpp fields and endpoints
 def _sse_events(r) -> list[str]:
     return [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+
+
+def test_include_usage_reports_usage_once(local):
+    """OpenAI's stream_options.include_usage: usage only in the last chunk (choices []), "usage": null
+    in every other; it was also on the finish chunk, so a client adding usage over chunks counted it
+    twice. Without the option the finish chunk carries usage (llama-server's way) and no usage-only
+    chunk follows."""
+    import json
+
+    c, _ = local
+    msgs = [{"role": "user", "content": "Hi"}]
+    for path, body in (("/v1/chat/completions", {"messages": msgs}), ("/v1/completions", {"prompt": "Hi"})):
+        body = {**body, "max_tokens": 3, "temperature": 0, "stream": True}
+        events = _sse_events(c.post(path, json={**body, "stream_options": {"include_usage": True}}))
+        assert events[-1] == "[DONE]", events
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert all("usage" in ch for ch in chunks), chunks
+        with_usage = [ch for ch in chunks if ch["usage"] is not None]
+        assert with_usage == [chunks[-1]] and chunks[-1]["choices"] == [], chunks
+        assert chunks[-1]["usage"]["completion_tokens"] == 3
+        assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+        chunks = [json.loads(e) for e in _sse_events(c.post(path, json=body))[:-1]]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == 3
+        assert all("usage" not in ch for ch in chunks[:-1]), chunks
 
 
 def test_n_predict_is_max_tokens(local):
