@@ -77,12 +77,7 @@ class Model:
             if not 1 <= n_layer <= self.config.n_layer:
                 raise ValueError(f"n_layer must be in 1..{self.config.n_layer}")
             self.config = dataclasses.replace(self.config, n_layer=n_layer)
-        try:
-            self.tokenizer = Tokenizer.from_gguf(self.gguf.path)
-        except ValueError as e:  # corrupt or unsupported tokenizer metadata: name the file
-            if str(e).startswith(str(self.gguf.path)) or type(e).__init__ is not ValueError.__init__:
-                raise
-            raise type(e)(f"{self.gguf.path}: {e}") from None
+        self.tokenizer = Tokenizer.from_gguf(self.gguf.path)  # its errors name the file
         if n_ctx is None:
             n_ctx = min(4096, self.config.n_ctx_train)
         # the native core takes C ints: past INT_MAX the conversion would raise OverflowError

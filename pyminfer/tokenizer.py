@@ -483,9 +483,16 @@ class Tokenizer:
         """Build the tokenizer from a GGUF file path or an open ``gguf.GGUFReader``.
 
         Raises :class:`UnsupportedTokenizerError` (a ValueError) for a tokenizer model other than
-        ``gpt2`` or an unknown ``tokenizer.ggml.pre``.
+        ``gpt2`` or an unknown ``tokenizer.ggml.pre``, and ValueError for corrupt tokenizer metadata;
+        given a path, the message starts with it (`pyminfer tokenize` and Model both show it).
         """
-        return cls(read_gguf_tokenizer_metadata(reader_or_path))
+        try:
+            return cls(read_gguf_tokenizer_metadata(reader_or_path))
+        except ValueError as e:
+            if not isinstance(reader_or_path, (str, os.PathLike)) or str(e).startswith(str(reader_or_path)) \
+                    or type(e).__init__ is not ValueError.__init__:  # an error type with its own arguments
+                raise
+            raise type(e)(f"{reader_or_path}: {e}") from None
 
     # ------------------------------------------------------------------ helpers
     def _check_id(self, token_id: int) -> int:

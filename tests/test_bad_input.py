@@ -314,6 +314,12 @@ def test_corrupt_vocabulary_is_a_clear_error(tmp_path, smol_path):
     out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-m", str(p), "-p", "hi", "-n", "2", "--device", "cpu"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr and "corrupt tokenizer metadata" in out.stderr
+    # the tokenizer alone (pyminfer tokenize, Tokenizer.from_gguf) names the file too (it did not)
+    from pyminfer.tokenizer import Tokenizer
+
+    with pytest.raises(ValueError, match=r"badtok\.gguf: corrupt tokenizer metadata"):
+        Tokenizer.from_gguf(p)
+    _one_line_error(_cli("tokenize", "-m", str(p), "hi"), f"{p}: corrupt tokenizer metadata")
 
 
 def test_eos_id_outside_the_vocabulary_is_refused(tmp_path, smol_path):
