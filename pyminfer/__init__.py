@@ -13,13 +13,12 @@ try:
 except ImportError as e:  # a source tree never built, or a build for another Python
     # A checkout never built: Python then says "cannot import name '_core' from partially initialized
     # module ... (most likely due to a circular import)", which points the wrong way: not chained.
-    unbuilt = "partially initialized" in str(e)
+    unbuilt = e.name == __name__  # the name that failed is the package's own, not a library's
     why = "" if unbuilt else f" ({e})"
     raise ImportError(
         f"pyminfer's native core (pyminfer._core) is not built or does not load{why}; install the package "
         "with `pip install .` (or `pip install -e .` in a checkout)"
     ) from (None if unbuilt else e)
-
 
 
 def _installed_version() -> str:

@@ -233,8 +233,8 @@ class LLM:
 
         Args:
             prompt: text (special tokens parsed, BOS added when the model wants it) or token ids.
-            max_tokens: most tokens to generate (0: none); None or negative (-1, as the CLI's
-                -n -1 and the server's n_predict -1): no limit, generate until an end-of-generation
+            max_tokens: most tokens to generate (0: none); None or -1 (as the CLI's -n -1 and the
+                server's n_predict -1): no limit, generate until an end-of-generation
                 token, a stop string or a full context (stop_reason 'context'), as in llama-cpp-python.
             temperature: <= 0 is greedy (deterministic). top_k (<= 0 off), top_p, min_p,
                 repeat_penalty (1.0 off) over the last repeat_last_n tokens (-1: all): llama.cpp's samplers.
@@ -257,7 +257,7 @@ class LLM:
             (prefill/decode seconds and tokens/s), ``spec`` (speculative statistics or None).
 
         Raises:
-            ValueError: empty prompt, sampling values out of range.
+            ValueError: empty prompt, max_tokens < -1, sampling values out of range.
             pyminfer.engine.ContextFull (a ValueError): the prompt does not fit n_ctx.
             TypeError: a prompt that is neither str nor a list of ints; an argument of the wrong
                 type (named in the message).
@@ -269,7 +269,9 @@ class LLM:
         params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop)
         if max_tokens is not None:
             max_tokens = _integer("max_tokens", max_tokens)
-        if max_tokens is None or max_tokens < 0:
+            if max_tokens < -1:
+                raise ValueError(f"max_tokens must be >= -1 (-1 or None: no limit), got {max_tokens}")
+        if max_tokens is None or max_tokens == -1:
             # n_ctx + 1 is more than fits after any prompt (a one-token prompt leaves room for
             # n_ctx: the last token needs no position): the generation ends at the latest when the
             # context is full, with stop_reason 'context'

@@ -357,18 +357,27 @@ class MissingExtraError(ImportError):
     `main` prints it as one line, not a traceback."""
 
 
+# The top-level modules of the `server` extra (pyproject.toml) and what they pull in: a missing one
+# of these is the extra's absence; any other import error in the server is a bug to show as is.
+SERVER_MODULES = frozenset({"fastapi", "uvicorn", "starlette", "pydantic", "pydantic_core"})
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .server import main_serve  # MissingExtraError without fastapi / uvicorn
 
     _check_common(args)  # bad flags end here, not in every request once the server is up
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    from .models import MODELS, resolve_model
+    from .models import MODELS, cache_dir, check_known_model, resolve_model
 
-    # A missing model or draft file ends here, before uvicorn starts and announces its address;
-    # known names are fetched (slowly) by the loader thread, behind /health's 503.
+    # A missing model or draft file, a known model of an architecture the engine does not run or
+    # an unusable model cache ends here, before uvicorn starts and announces its address; known
+    # names are fetched (slowly) by the loader thread, behind /health's 503.
     for name in (args.model, getattr(args, "spec_draft", None)):
-        if name is not None and name not in MODELS:
+        if name is None or name in MODELS:
+            check_known_model(name)
+            cache_dir()
+        else:
             resolve_model(name)
     return main_serve(args)
 
@@ -468,9 +477,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     warnings.showwarning = _show_warning
     ap = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = ap.parse_known_args(argv)
-    if extra:  # reported with the subcommand's usage, not the top level's (argparse's parse_args)
-        ap.subcommands[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        # with the subcommand's usage where they follow it (argparse's parse_args showed the top
+        # level's); an unknown option before the subcommand is the top level's
+        before = argv[:argv.index(args.cmd)] if args.cmd in argv else argv
+        (ap if any(x in before for x in extra) else ap.subcommands[args.cmd]).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -169,6 +169,18 @@ def runnable_models() -> list[str]:
     return [k for k, v in MODELS.items() if v.arch in SUPPORTED_ARCHS]
 
 
+def check_known_model(name: str | None) -> None:
+    """ValueError when ``name`` (a key of ``MODELS``; None: the default) has an architecture the
+    engine does not run; nothing is fetched."""
+    from .gguf_model import SUPPORTED_ARCHS
+
+    name = DEFAULT_MODEL if name is None else name
+    arch = MODELS[name].arch
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"model {name!r} has architecture {arch!r}, which pyminfer does not run "
+                         f"(supported: {', '.join(SUPPORTED_ARCHS)}); known models: {', '.join(runnable_models())}")
+
+
 def resolve_model(path_or_name: str | None) -> Path:
     """A model argument as the CLI takes it: a file path, a key of ``MODELS``, or None (default).
 
@@ -178,13 +190,7 @@ def resolve_model(path_or_name: str | None) -> Path:
     if path_or_name is None:
         return ensure_model(DEFAULT_MODEL)
     if path_or_name in MODELS:
-        from .gguf_model import SUPPORTED_ARCHS
-
-        arch = MODELS[path_or_name].arch
-        if arch not in SUPPORTED_ARCHS:
-            raise ValueError(f"model {path_or_name!r} has architecture {arch!r}, which pyminfer does not run "
-                             f"(supported: {', '.join(SUPPORTED_ARCHS)}); known models: "
-                             f"{', '.join(runnable_models())}")
+        check_known_model(path_or_name)
         return ensure_model(path_or_name)
     p = Path(path_or_name).expanduser()
     if not p.exists():

@@ -35,9 +35,11 @@ try:
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
-except ImportError as e:  # tests: test_serve_without_server_extra
-    from .cli import MissingExtraError
+except ModuleNotFoundError as e:  # tests: test_missing_server_extra_and_native_core_are_one_line_errors
+    from .cli import MissingExtraError, SERVER_MODULES
 
+    if (e.name or "").split(".")[0] not in SERVER_MODULES:  # not the extra's absence: show the real error
+        raise
     raise MissingExtraError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
 
 from .api import LLM, ChatTemplateError
@@ -1189,9 +1191,11 @@ def main_serve(args: Any) -> int:
     """``pyminfer serve``: start uvicorn at once, load the model in a background thread."""
     try:
         import uvicorn
-    except ImportError as e:
-        from .cli import MissingExtraError
+    except ModuleNotFoundError as e:
+        from .cli import MissingExtraError, SERVER_MODULES
 
+        if (e.name or "").split(".")[0] not in SERVER_MODULES:
+            raise
         raise MissingExtraError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
 
     from .cli import _load

@@ -489,7 +489,7 @@ class Tokenizer:
         try:
             return cls(read_gguf_tokenizer_metadata(reader_or_path))
         except ValueError as e:
-            if not isinstance(reader_or_path, (str, os.PathLike)) or str(e).startswith(str(reader_or_path)) \
+            if not isinstance(reader_or_path, (str, os.PathLike)) or str(e).startswith(f"{reader_or_path}:") \
                     or type(e).__init__ is not ValueError.__init__:  # an error type with its own arguments
                 raise
             raise type(e)(f"{reader_or_path}: {e}") from None

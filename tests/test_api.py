@@ -90,6 +90,8 @@ def test_negative_max_tokens_is_no_limit():
         b = small.generate("Once upon a time", max_tokens=None, temperature=0)
         assert a.stop_reason == "context" and a.generated_ids == b.generated_ids
         assert small.generate("Once upon a time", max_tokens=0).generated_ids == []
+        with pytest.raises(ValueError, match="max_tokens must be >= -1"):
+            small.generate("Once upon a time", max_tokens=-2)
 
 
 def test_errors(llm):

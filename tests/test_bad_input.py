@@ -739,23 +739,32 @@ def test_api_argument_types_named(smol_path):
 
 
 def test_cli_reports_usage_errors_and_missing_files_by_name(tmp_path, smol_path):
-    """An unknown flag shows the subcommand's usage (it showed the top level's); a missing -f file,
-    an uncreatable model cache and a missing model for `serve` are one line naming the path (the
-    first two were a bare "[Errno 2] ..."; serve started uvicorn and announced its address first)."""
+    """An unknown flag after the subcommand shows the subcommand's usage (it showed the top level's),
+    one before it the top level's; a missing -f file and an uncreatable model cache are one line
+    with the path first (the cache's naming PYMINFER_CACHE); a missing model for `serve` is refused
+    before uvicorn starts (it announced its address first)."""
     out = _cli("run", "-m", str(smol_path), "-p", "hi", "--bogus")
     err = out.stderr.decode()
     assert out.returncode == 2 and "usage: pyminfer run" in err and "unrecognized arguments: --bogus" in err, err
+    out = _cli("--bogus", "run", "-m", str(smol_path), "-p", "hi")
+    err = out.stderr.decode()
+    assert out.returncode == 2 and "usage: pyminfer [-h]" in err and "pyminfer: error: unrecognized" in err, err
     _one_line_error(_cli("run", "-m", str(smol_path), "-f", str(tmp_path / "nope.txt")),
                     f"pyminfer: error: {tmp_path / 'nope.txt'}: No such file or directory")
     env = {**os.environ, "PYMINFER_CACHE": str(smol_path / "sub")}  # under a file: cannot be created
     out = subprocess.run([sys.executable, "-m", "pyminfer", "run", "-m", "smollm2-135m", "-p", "hi"], env=env,
                          capture_output=True, timeout=120)
     _one_line_error(out, f"{smol_path / 'sub'}: Not a directory (the model cache; PYMINFER_CACHE")
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
     err = _one_line_error(_cli("serve", "-m", str(tmp_path / "nope.gguf"), "--port", "0"), "model file not found")
     assert "Uvicorn running" not in err
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "serve", "-m", "smollm2-135m", "--port", "0"], env=env,
+                         capture_output=True, timeout=120)
+    assert "Uvicorn running" not in _one_line_error(out, "(the model cache; PYMINFER_CACHE")
 
 
-def test_missing_server_extra_and_native_core_are_one_line_errors():
+def test_missing_server_extra_and_native_core_are_one_line_errors(tmp_path):
     """`pyminfer serve` without fastapi / uvicorn: the install advice as one line (it was a
     traceback); `import pyminfer` without the compiled core: an ImportError that says so (it was
     Python's "partially initialized module ... circular import")."""
@@ -764,7 +773,16 @@ def test_missing_server_extra_and_native_core_are_one_line_errors():
             "sys.exit(main(['serve', '-m', 'smollm2-135m']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     _one_line_error(out, "pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'")
-    code = "import sys; sys.modules['pyminfer._core'] = None\nimport pyminfer"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1 and "native core (pyminfer._core) is not built" in out.stderr, out.stderr
-    assert "circular import" not in out.stderr
+    # the package's Python files without the compiled core, imported without site-packages (-S:
+    # an editable install's finder would import the built one)
+    import shutil
+
+    import pyminfer
+
+    shutil.copytree(Path(pyminfer.__file__).parent, tmp_path / "pyminfer",
+                    ignore=lambda d, names: [n for n in names if n.startswith("_core.") and not n.endswith((".pyx", ".pxd"))])
+    out = subprocess.run([sys.executable, "-S", "-c", "import pyminfer"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "native core (pyminfer._core) is not built or does not load; install" in out.stderr, \
+        out.stderr
+    assert "circular import" not in out.stderr and "direct cause" not in out.stderr, out.stderr

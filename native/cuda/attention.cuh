@@ -16,7 +16,7 @@
 // Floats of the partial-result scratch for max_nt rows: [max_nt][n_head][MI_ATTN_MMA_SPLITS][hd + 2]
 // (the stride every kernel indexes partials with). Fixed at 128 on purpose: a stride of each call's
 // max_splits (66 for the 1.5B shape on the H200) gave the same bits but cost the 1.5B shape +2.0% at
-// 4,096 and +3.3% at 16,384, the 7B +1.0% / +0.9% (docs/perf.md, session 27); padding a partial's
+// 4,096 and +3.2% at 16,384, the 7B +1.0% / +0.9% (docs/perf.md, session 27); padding a partial's
 // accumulators to a 128-byte line did not help either.
 static inline size_t mi_attn_part_floats(int max_nt, int n_head, int hd) {
     return (size_t)max_nt * n_head * MI_ATTN_MMA_SPLITS * (hd + 2);
