@@ -1229,7 +1229,14 @@ def main_serve(args: Any) -> int:
         server.should_exit = True
 
     state.on_load_error = on_fail
-    server.run()
+    try:
+        server.run()
+    except SystemExit as e:  # uvicorn's startup failure (3): it logged why (a port in use, a bad host)
+        if state.llm is not None:
+            state.llm.close()
+        if e.code == 3:
+            raise RuntimeError(f"the server could not start on {args.host}:{args.port} (uvicorn's error above)") from None
+        raise
     if state.llm is not None:
         state.llm.close()
     return 1 if failed else 0

@@ -1096,3 +1096,18 @@ def test_sigterm_mid_stream_ends_it_cleanly(tmp_path):
                 proc.wait()
     text = log_path.read_text()
     assert "Traceback" not in text and "timeout graceful shutdown exceeded" not in text, text
+
+
+def test_port_in_use_is_a_pyminfer_error():
+    """A port another process holds: uvicorn logs the bind error and exited 3; `pyminfer serve` now
+    ends with its own one-line error and status 1, as for its other startup errors."""
+    ensure_model(MODEL, progress=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "pyminfer", "serve", "-m", MODEL, "--device", "cpu",
+                              "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert f"pyminfer: error: the server could not start on 127.0.0.1:{port}" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
