@@ -11,6 +11,7 @@
 # (bench/ab_builds.sh compares two source trees instead.)
 set -eo pipefail
 export PYTHONUNBUFFERED=1
+[ $# -ge 2 ] || { echo "usage: AB_FLAGS='|-DX=1' bash bench/ab_flags.sh ROUNDS SCRIPT [ARGS...]" >&2; exit 2; }
 rounds=$1 script=$2
 shift 2
 root=$(pwd)
