@@ -305,7 +305,7 @@ def _no_limit_as_none(n: int) -> int | None:
 
 
 class CompletionRequest(_GenRequest):
-    # OpenAI: a string, token ids, or a batch of either (one element only here: n = 1)
+    # OpenAI: a string, token ids, or a batch of either (completion_prompts: one choice per prompt)
     # text, token ids, llama.cpp's mixed list of text pieces and ids, or a batch of one of the first two
     prompt: Union[str, List[Int], List[str], List[List[Int]], List[Union[Int, str]]]
 
@@ -832,6 +832,26 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         given, m = req.token_limit()
         return m if given else default
 
+    def completion_prompts(req: CompletionRequest, llm: LLM) -> list[list[int]]:
+        """The request's prompts as token ids: one, or each of a batch (OpenAI's list of strings or
+        of token-id lists; llama.cpp's list of prompts), checked in order (the first bad one is
+        the 400, its index in the message). A streamed batch is a 400: its chunks would interleave."""
+        p = req.prompt
+        if not (isinstance(p, list) and len(p) > 1 and isinstance(p[0], (str, list))
+                and all(isinstance(x, type(p[0])) for x in p)):
+            return [completion_prompt(req, llm)]
+        if req.stream:
+            raise APIError(400, f"a batch of {len(p)} prompts cannot be streamed: send one prompt per streamed "
+                           "request", param="prompt")
+        out = []
+        for i, x in enumerate(p):
+            try:
+                out.append(completion_prompt(req.model_copy(update={"prompt": x}), llm))
+            except APIError as e:
+                e.message = f"prompt {i}: {e.message}"
+                raise
+        return out
+
     def completion_prompt(req: CompletionRequest, llm: LLM) -> list[int]:
         p = req.prompt
         if isinstance(p, list) and any(isinstance(x, str) for x in p) and any(isinstance(x, int) for x in p):
@@ -848,9 +868,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                 raise APIError(400, str(e), param="prompt") from None
             check_prompt(llm, ids)
             return ids
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):  # a batch of prompts
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):  # a batch of one (completion_prompts)
             if len(p) != 1:
-                raise APIError(400, "only one prompt per request is supported", param="prompt")
+                raise APIError(400, "a batch of prompts mixes strings and token-id lists", param="prompt")
             p = p[0]
         try:
             ids = llm.prompt_ids(p)
@@ -865,14 +885,27 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         req = await _parse(request, CompletionRequest)
         state.metrics.count_request("completions")
         llm = check_model(req)
-        ids = await _off_loop(completion_prompt, req, llm)
+        batch = await _off_loop(completion_prompts, req, llm)
+        ids = batch[0]
         params = _params(req)
         n = max_tokens(req, 16)
         cid = f"cmpl-{uuid.uuid4().hex}"
 
-        def piece(text: str, finish: str | None) -> dict[str, Any]:
+        def piece(text: str, finish: str | None, index: int = 0) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": finish}]}
+
+        if len(batch) > 1:  # OpenAI: one choice per prompt, in order (run one after another), usage summed
+            choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
+                                  "prompt_tokens_details": {"cached_tokens": 0}}
+            for i, b in enumerate(batch):
+                res = await _run(state, request, llm, b, params, n, req.cache_prompt)
+                choices += piece(res.text, res.finish_reason, i)["choices"]
+                u = _usage(len(b), res)
+                for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+                    usage[k] += u[k]
+                usage["prompt_tokens_details"]["cached_tokens"] += u["prompt_tokens_details"]["cached_tokens"]
+            return JSONResponse({**piece("", None), "choices": choices, "usage": usage})
 
         if req.stream:
             def first() -> list[dict[str, Any]]:
@@ -955,11 +988,12 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         req = await _parse(request, CompletionRequest)
         state.metrics.count_request("completion")
         llm = check_model(req)
-        ids = await _off_loop(completion_prompt, req, llm)
+        batch = await _off_loop(completion_prompts, req, llm)
+        ids = batch[0]
         params = _params(req)
         n = max_tokens(req, None)
 
-        def final(res: GenerationResult, content: str) -> dict[str, Any]:
+        def final(res: GenerationResult, content: str, ids: list[int] = ids) -> dict[str, Any]:
             return {"content": content, "id_slot": 0, "stop": True, "model": state.model_id,
                     "tokens_predicted": len(res.generated_ids), "tokens_evaluated": len(ids),
                     "tokens_cached": int(res.timings.get("cached_tokens", 0)),
@@ -970,6 +1004,12 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             return _sse(state, request, llm, ids, params, n, lambda: [],
                         lambda text: {"content": text, "stop": False, "id_slot": 0},
                         lambda res: final(res, ""), done_marker=False, cache=req.cache_prompt)
+        if len(batch) > 1:  # llama.cpp: an array of results, one per prompt, in order
+            results = []
+            for b in batch:
+                res = await _run(state, request, llm, b, params, n, req.cache_prompt)
+                results.append({**final(res, res.text, b), "index": len(results)})
+            return JSONResponse(results)
         res = await _run(state, request, llm, ids, params, n, req.cache_prompt)
         return JSONResponse(final(res, res.text))
 

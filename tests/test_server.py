@@ -846,18 +846,36 @@ def test_props(local):
 
 
 def test_completion_prompt_shapes(local):
-    """/v1/completions takes OpenAI's prompt shapes: text, token ids, and a batch of one of
-    either ([["text"]] no: a batch holds strings or id lists); a batch of two is a 400 (n = 1)."""
+    """/v1/completions takes OpenAI's prompt shapes: text, token ids, and a batch of either
+    ([["text"]] no: a batch holds strings or id lists). A batch of several answers one choice per
+    prompt in order, each as that prompt alone, usage summed (it was a 400, "only one prompt");
+    streamed it is a 400; a bad prompt in a batch is named by its index."""
     c, state = local
     ids = state.llm.tokenize("The capital of France is")
-    want = c.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 3,
-                                           "temperature": 0}).json()["choices"][0]["text"]
+    body = {"max_tokens": 3, "temperature": 0}
+    one = c.post("/v1/completions", json={"prompt": "The capital of France is", **body}).json()
+    want = one["choices"][0]["text"]
     for p in (ids, ["The capital of France is"], [ids]):
-        r = c.post("/v1/completions", json={"prompt": p, "max_tokens": 3, "temperature": 0})
+        r = c.post("/v1/completions", json={"prompt": p, **body})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == want, (p, r.text)
-    for p in ([ids, ids], ["a", "b"]):
-        assert "only one prompt" in _error(c.post("/v1/completions", json={"prompt": p, "max_tokens": 1}))["message"]
+    other = c.post("/v1/completions", json={"prompt": "Once upon a time", **body}).json()
+    for p in ([ids, state.llm.tokenize("Once upon a time")], ["The capital of France is", "Once upon a time"]):
+        r = c.post("/v1/completions", json={"prompt": p, **body})
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert [(ch["index"], ch["text"]) for ch in got["choices"]] == [(0, want), (1, other["choices"][0]["text"])]
+        for k in ("prompt_tokens", "completion_tokens"):
+            assert got["usage"][k] == one["usage"][k] + other["usage"][k], got
+    err = _error(c.post("/v1/completions", json={"prompt": ["a", "b"], **body, "stream": True}))
+    assert "cannot be streamed" in err["message"] and err["param"] == "prompt"
+    err = _error(c.post("/v1/completions", json={"prompt": ["a", ""], **body}))
+    assert err["message"].startswith("prompt 1: ") and "empty" in err["message"], err
     _error(c.post("/v1/completions", json={"prompt": [[1.5]], "max_tokens": 1}))
+    # llama.cpp's /completion: an array of results, one per prompt
+    r = c.post("/completion", json={"prompt": ["The capital of France is", "Once upon a time"], "n_predict": 3,
+                                    "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert [(x["index"], x["content"]) for x in r.json()] == [(0, want), (1, other["choices"][0]["text"])]
 
 
 def test_mixed_prompt(local, monkeypatch):
