@@ -362,6 +362,16 @@ class MissingExtraError(ImportError):
 SERVER_MODULES = frozenset({"fastapi", "uvicorn", "starlette", "pydantic", "pydantic_core"})
 
 
+def server_extra_missing(e: ModuleNotFoundError) -> ImportError:
+    """What the server raises for ``e``: MissingExtraError (the install advice) when the module
+    missing is one of SERVER_MODULES, else ``e`` itself (a real import bug, shown as is)."""
+    if (e.name or "").split(".")[0] not in SERVER_MODULES:
+        return e
+    err = MissingExtraError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'")
+    err.__cause__ = e
+    return err
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .server import main_serve  # MissingExtraError without fastapi / uvicorn
 
@@ -373,7 +383,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # A missing model or draft file, a known model of an architecture the engine does not run or
     # an unusable model cache ends here, before uvicorn starts and announces its address; known
     # names are fetched (slowly) by the loader thread, behind /health's 503.
-    for name in (args.model, getattr(args, "spec_draft", None)):
+    draft = getattr(args, "spec_draft", None)
+    for name in (args.model, *([draft] if draft is not None else [])):  # args.model None: the default
         if name is None or name in MODELS:
             check_known_model(name)
             cache_dir()

@@ -36,11 +36,9 @@ try:
     from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ModuleNotFoundError as e:  # tests: test_missing_server_extra_and_native_core_are_one_line_errors
-    from .cli import MissingExtraError, SERVER_MODULES
+    from .cli import server_extra_missing
 
-    if (e.name or "").split(".")[0] not in SERVER_MODULES:  # not the extra's absence: show the real error
-        raise
-    raise MissingExtraError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
+    raise server_extra_missing(e)  # noqa: B904  (the cause is set: the original error, or e itself)
 
 from .api import LLM, ChatTemplateError
 from .cli import package_version
@@ -1232,11 +1230,9 @@ def main_serve(args: Any) -> int:
     try:
         import uvicorn
     except ModuleNotFoundError as e:
-        from .cli import MissingExtraError, SERVER_MODULES
+        from .cli import server_extra_missing
 
-        if (e.name or "").split(".")[0] not in SERVER_MODULES:
-            raise
-        raise MissingExtraError("pyminfer serve needs fastapi and uvicorn: pip install 'pyminfer[server]'") from e
+        raise server_extra_missing(e)  # noqa: B904
 
     from .cli import _load
 
@@ -1272,11 +1268,10 @@ def main_serve(args: Any) -> int:
     try:
         server.run()
     except SystemExit as e:  # uvicorn's startup failure (3): it logged why (a port in use, a bad host)
-        if state.llm is not None:
-            state.llm.close()
         if e.code == 3:
             raise RuntimeError(f"the server could not start on {args.host}:{args.port} (uvicorn's error above)") from None
         raise
-    if state.llm is not None:
-        state.llm.close()
+    finally:
+        if state.llm is not None:
+            state.llm.close()
     return 1 if failed else 0
