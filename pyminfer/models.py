@@ -184,8 +184,10 @@ def check_known_model(name: str | None) -> None:
 def resolve_model(path_or_name: str | None) -> Path:
     """A model argument as the CLI takes it: a file path, a key of ``MODELS``, or None (default).
 
-    Raises FileNotFoundError (neither a file nor a known name: the message lists the known names)
-    and ValueError for a known name whose architecture the engine does not run (before downloading).
+    Raises FileNotFoundError (neither a file nor a known name: the message lists the known names),
+    IsADirectoryError (a directory: the loader would refuse it too, but `serve` checks here, before
+    its server starts) and ValueError for a known name whose architecture the engine does not run
+    (before downloading).
     """
     if path_or_name is None:
         return ensure_model(DEFAULT_MODEL)
@@ -196,6 +198,8 @@ def resolve_model(path_or_name: str | None) -> Path:
     if not p.exists():
         raise FileNotFoundError(f"model file not found: {p} (nor is it a known model name: "
                                 f"{', '.join(runnable_models())})")
+    if p.is_dir():
+        raise IsADirectoryError(f"{p}: is a directory, not a GGUF file")
     return p
 
 

@@ -759,6 +759,8 @@ def test_cli_reports_usage_errors_and_missing_files_by_name(tmp_path, smol_path)
     pytest.importorskip("uvicorn")
     err = _one_line_error(_cli("serve", "-m", str(tmp_path / "nope.gguf"), "--port", "0"), "model file not found")
     assert "Uvicorn running" not in err
+    err = _one_line_error(_cli("serve", "-m", str(tmp_path), "--port", "0"), f"{tmp_path}: is a directory, not a GGUF file")
+    assert "Uvicorn running" not in err
     out = subprocess.run([sys.executable, "-m", "pyminfer", "serve", "-m", "smollm2-135m", "--port", "0"], env=env,
                          capture_output=True, timeout=120)
     assert "Uvicorn running" not in _one_line_error(out, "(the model cache; PYMINFER_CACHE")

@@ -822,10 +822,16 @@ template <int DPL> cudaError_t mi_attn_launch_g(const mi_attn_args &a, cudaStrea
                                  0, a.hint_steps);
             if (e != cudaSuccess || a.combine_from > a.max_splits) return e; // no row can reach it
             // The merge's instance by max_splits (Q parts x SPQ splits a thread; the kernel's comment).
-            const int cq = a.max_splits <= 4 * 18 ? 4 : 8;
-            auto *combine = a.max_splits <= 4 * 16   ? mi_attn_combine_kernel<DPL * 32, 4, 16>
-                            : a.max_splits <= 4 * 18 ? mi_attn_combine_kernel<DPL * 32, 4, 18>
-                                                     : mi_attn_combine_kernel<DPL * 32, 8, 16>;
+            // Its block is Q parts wide, so Q and the instance are set together, in one branch each.
+            int cq = 8;
+            auto *combine = mi_attn_combine_kernel<DPL * 32, 8, 16>;
+            if (a.max_splits <= 4 * 16) {
+                cq = 4;
+                combine = mi_attn_combine_kernel<DPL * 32, 4, 16>;
+            } else if (a.max_splits <= 4 * 18) {
+                cq = 4;
+                combine = mi_attn_combine_kernel<DPL * 32, 4, 18>;
+            }
             return mi_launch(combine, dim3(a.n_head, a.nt), cq * DPL * 32, s, a.part, a.pos, a.n_head,
                              nw * MI_ATTN_MMA_TILE, a.max_splits, a.combine_from, a.att, a.xq, a.lo, a.hi);
         }
