@@ -17,26 +17,17 @@ shift 2
 root=$(pwd)
 IFS='|' read -r -a variants <<<"${AB_FLAGS:?set AB_FLAGS, variants separated by |}"
 [ "${AB_FLAGS: -1}" = "|" ] && variants+=("")  # read drops a trailing empty field
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-rm -rf /tmp/abf && mkdir -p /tmp/abf
-# An editable install (bench/gpu_run.sh) would shadow PYTHONPATH (see bench/ab_builds.sh): remove it.
-python3 -m pip uninstall -y -q pyminfer >/dev/null 2>&1 || true
+source "$root/bench/ab_common.sh"
+ab_setup
+rm -rf /tmp/abf && mkdir -p /tmp/abf  # never bench an earlier call's builds
 for k in "${!variants[@]}"; do
-  t0=$(date +%s)
-  CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90 PYTHONPATH=/tmp/site python3 -m pip install -q --no-build-isolation \
-    --no-deps --no-compile --target /tmp/abf/v$k -C build-dir=/tmp/abf/build_v$k \
-    -C "cmake.define.CMAKE_CUDA_FLAGS=${variants[$k]}" "$root" >/tmp/abf/build_v$k.log 2>&1 \
-    || { tail -30 /tmp/abf/build_v$k.log; exit 1; }
-  echo "built v$k (${variants[$k]:-default}) in $(( $(date +%s) - t0 )) s"
+  ab_build "v$k (${variants[$k]:-default})" "$root" /tmp/abf/v$k -C build-dir=/tmp/abf/build_v$k \
+    -C "cmake.define.CMAKE_CUDA_FLAGS=${variants[$k]}"
 done
-cd "$root/bench"  # no pyminfer package in this directory: the PYTHONPATH one is imported
+cd "$root/bench"
 for r in $(seq 1 "$rounds"); do
   for k in "${!variants[@]}"; do
     echo "== v$k $r (${variants[$k]:-default})"
-    PYTHONPATH=/tmp/abf/v$k:/tmp/site python3 -c "import pyminfer, sys; f = pyminfer.__file__
-sys.exit(0 if f.startswith('/tmp/abf/v$k/') else 'pyminfer imported from ' + f)"
-    PYTHONPATH=/tmp/abf/v$k:/tmp/site python3 "$script" "$@"
+    ab_run /tmp/abf/v$k "$script" "$@"
   done
 done
