@@ -195,12 +195,14 @@ class LLM:
         ValueError (tokenizer.InvalidUnicodeError) for text with a lone surrogate."""
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
+        parse_special = _boolean("parse_special", parse_special)
+        add_bos = None if add_bos is None else _boolean("add_bos", add_bos)
         return self.tokenizer.encode(text, parse_special=parse_special, add_bos=add_bos)
 
     def detokenize(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         """Text of token ids. Raises ValueError for an id outside the vocabulary, TypeError for non-ints."""
         ids = _check_ids(ids, self.tokenizer.n_vocab)
-        return self.tokenizer.decode(ids, skip_special=skip_special)
+        return self.tokenizer.decode(ids, skip_special=_boolean("skip_special", skip_special))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         """The prompt text of ``messages`` ([{"role": ..., "content": ...}]) under the model's chat
@@ -213,7 +215,8 @@ class LLM:
                 ``raise_exception``, or an error while rendering them).
         """
         msgs = _check_messages(messages)
-        return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)
+        agp = _boolean("add_generation_prompt", add_generation_prompt)
+        return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=agp)
 
     # ------------------------------------------------------------------ generation
     def prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -239,7 +242,8 @@ class LLM:
             temperature: <= 0 is greedy (deterministic). top_k (<= 0 off), top_p, min_p,
                 repeat_penalty (1.0 off) over the last repeat_last_n tokens (-1: all): llama.cpp's samplers.
                 Numbers only: temperature, top_p, min_p and repeat_penalty take an int or a float,
-                top_k, repeat_last_n, max_tokens and seed an int (a bool or a str is a TypeError).
+                top_k, repeat_last_n, max_tokens and seed an int (a bool or a str is a TypeError);
+                stream and cache_prompt a bool (a str such as "no" is a TypeError, not true).
             seed: RNG seed (None or negative: random).  stop: a string or strings that end the text
                 (not included).
             stream: return an iterator of Chunk (``.text``, ``.token_ids``; the last one has ``.text == ""``
@@ -266,6 +270,7 @@ class LLM:
             pyminfer.NaNLogitsError (a RuntimeError): the model produced NaN logits (corrupt weights).
         """
         ids = self.prompt_ids(prompt)
+        stream, cache_prompt = _boolean("stream", stream), _boolean("cache_prompt", cache_prompt)
         params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop)
         if max_tokens is not None:
             max_tokens = _integer("max_tokens", max_tokens)
@@ -282,7 +287,7 @@ class LLM:
             from .engine import ContextFull
 
             raise ContextFull(f"the prompt has {len(ids)} tokens; the context holds n_ctx={self.n_ctx}")
-        it = self._stream(ids, params, max_tokens, bool(cache_prompt))
+        it = self._stream(ids, params, max_tokens, cache_prompt)
         if stream:
             return it
         res = None
@@ -429,6 +434,16 @@ def _integer(name: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     return int(v)
+
+
+def _boolean(name: str, v: Any) -> bool:
+    """``v`` when it is a bool (numpy's included); TypeError naming the argument otherwise: a
+    string such as "no" is truthy, so taking it would silently flip the flag."""
+    import numpy as np
+
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+    return bool(v)
 
 
 def _check_ids(ids: Any, n_vocab: int) -> list[int]:

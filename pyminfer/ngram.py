@@ -11,6 +11,7 @@ the target's verify decides every emitted token, so the output is the same with 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -22,7 +23,8 @@ class NgramSpec:
     """n: tokens matched (1..MAX_NGRAM); m: most tokens drafted a round (1..8: a verify forward of
     m + 1 rows must be bitwise equal to single-token decoding, pyminfer.spec.MAX_DEPTH).
 
-    Raises ValueError for values outside those ranges."""
+    Raises TypeError for a value that is not an int (a bool or a float included) and ValueError
+    for values outside those ranges."""
 
     n: int = 3
     m: int = 5
@@ -30,6 +32,11 @@ class NgramSpec:
     def __post_init__(self) -> None:
         from .spec import MAX_DEPTH
 
+        for name in ("n", "m"):  # checked here: a float failed only later, deep in the draft loop
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"NgramSpec {name} must be an int, got {type(v).__name__}")
+            object.__setattr__(self, name, int(v))
         if not 1 <= self.n <= MAX_NGRAM:
             raise ValueError(f"NgramSpec n (--spec-ngram-size-n) must be in 1..{MAX_NGRAM}, got {self.n}")
         if not 1 <= self.m <= MAX_DEPTH:

@@ -153,6 +153,29 @@ def test_argument_types_are_numbers_only(llm, kw, name):
         llm.generate(PROMPT, **{"max_tokens": 1, **kw})
 
 
+def test_flags_are_bools_only(llm):
+    """A str flag was read by truthiness: stream="no" returned a stream and parse_special="no"
+    parsed special tokens; now a TypeError naming the argument. numpy's bool is a bool."""
+    import numpy as np
+
+    for kw in ({"stream": "no"}, {"stream": 0}, {"cache_prompt": "no"}):
+        with pytest.raises(TypeError, match=f"^{next(iter(kw))} must be a bool"):
+            llm.generate(PROMPT, max_tokens=1, **kw)
+    with pytest.raises(TypeError, match="^stream must be a bool"):
+        llm.chat([{"role": "user", "content": "Hi"}], max_tokens=1, stream="yes")
+    with pytest.raises(TypeError, match="^parse_special must be a bool"):
+        llm.tokenize("<|im_start|>", parse_special="no")
+    with pytest.raises(TypeError, match="^add_bos must be a bool"):
+        llm.tokenize("Hi", add_bos=1)
+    with pytest.raises(TypeError, match="^skip_special must be a bool"):
+        llm.detokenize([1], skip_special="no")
+    with pytest.raises(TypeError, match="^add_generation_prompt must be a bool"):
+        llm.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt="no")
+    assert llm.tokenize("<|im_start|>", parse_special=np.bool_(False)) == llm.tokenize("<|im_start|>", parse_special=False)
+    r = llm.generate(PROMPT, max_tokens=1, stream=np.bool_(False), cache_prompt=np.bool_(True))
+    assert len(r.generated_ids) == 1
+
+
 def test_numbers_of_any_numeric_type_are_accepted(llm):
     import numpy as np
 

@@ -53,6 +53,22 @@ def test_bad_spec(n, m, msg):
         NgramSpec(n=n, m=m)
 
 
+@pytest.mark.parametrize("kw,name", [({"n": 2.5}, "n"), ({"m": 2.5}, "m"), ({"n": "3"}, "n"), ({"n": True}, "n"),
+                                     ({"m": 3.0}, "m")])
+def test_spec_sizes_are_ints(kw, name):
+    """A float or str size passed the range check (or failed it with a comparison error) and then
+    failed deep in the draft loop; True was taken as 1. Now a TypeError at construction."""
+    with pytest.raises(TypeError, match=f"^NgramSpec {name} must be an int"):
+        NgramSpec(**kw)
+
+
+def test_spec_sizes_of_numpy_ints_are_ints():
+    import numpy as np
+
+    s = NgramSpec(n=np.int64(2), m=np.int32(4))
+    assert (s.n, s.m) == (2, 4) and type(s.n) is int and type(s.m) is int
+
+
 def _ids(m: Model, text: str, chat: bool) -> list[int]:
     if chat:
         text = m.tokenizer.apply_chat_template([{"role": "user", "content": text}])
