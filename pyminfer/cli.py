@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any, Sequence
 
@@ -483,12 +484,32 @@ def _show_warning(message: Any, category: Any, filename: str, lineno: int, file:
     print(f"pyminfer: warning: {message}", file=sys.stderr)
 
 
+def _refuse_glued_flags(ap: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Exits with a usage error (status 2) on a token such as ``-ngl``, ``-fa`` or ``-cb``:
+    llama.cpp's multi-letter short flags, which argparse reads as a one-letter flag with the rest
+    glued on as its value (``-fa`` was ``-f a``: the prompt silently came from a file named a).
+    Only all-letter tokens that are not options of the parser they follow are refused; a glued
+    value with a digit or a dot (``-n16``, ``-mmodel.gguf``) still parses."""
+    parser = ap
+    for tok in argv:
+        if tok == "--":
+            return
+        if parser is ap and tok in ap.subcommands:  # type: ignore[attr-defined]
+            parser = ap.subcommands[tok]  # type: ignore[attr-defined]
+            continue
+        if (re.fullmatch(r"-[A-Za-z][A-Za-z-]+", tok) and tok not in parser._option_string_actions
+                and f"-{tok[1]}" in parser._option_string_actions):
+            parser.error(f"unrecognized argument: {tok} (not a pyminfer flag; for -{tok[1]} with a value, "
+                         f"write -{tok[1]} {tok[2:]})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 
     warnings.showwarning = _show_warning
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    _refuse_glued_flags(ap, argv)
     args, extra = ap.parse_known_args(argv)
     if extra:
         # with the subcommand's usage where they follow it (argparse's parse_args showed the top

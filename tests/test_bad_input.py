@@ -766,6 +766,22 @@ def test_cli_reports_usage_errors_and_missing_files_by_name(tmp_path, smol_path)
     assert "Uvicorn running" not in _one_line_error(out, "(the model cache; PYMINFER_CACHE")
 
 
+@pytest.mark.parametrize("flags,glued", [(["-fa"], "-f a"), (["-ngl", "99"], "-n gl"), (["-cb"], "-c b"),
+                                         (["-tb", "2"], "-t b")])
+def test_llama_cpp_multi_letter_flags_are_refused(tmp_path, smol_path, monkeypatch, flags, glued):
+    """argparse read llama.cpp's -fa as -f a (the prompt silently came from a file named 'a') and
+    -ngl 99 as -n gl; now each is a usage error that names the flag, before anything is read."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").write_text("Secret prompt")
+    out = _cli("run", "-m", str(smol_path), "-p", "hi", "--device", "cpu", *flags)
+    err = out.stderr.decode()
+    assert out.returncode == 2 and f"unrecognized argument: {flags[0]}" in err and f"write {glued}" in err, err
+    out = _cli("bench", "-m", str(smol_path), *flags)  # bench has no -f: argparse's own refusal
+    assert out.returncode == 2 and "unrecognized argument" in out.stderr.decode() and flags[0] in out.stderr.decode()
+    out = _cli("run", "-m", str(smol_path), "-p", "hi", "--device", "cpu", "-n1", "--temp", "0")  # glued digits parse
+    assert out.returncode == 0, out.stderr.decode()
+
+
 def test_missing_server_extra_and_native_core_are_one_line_errors(tmp_path):
     """`pyminfer serve` without fastapi / uvicorn: the install advice as one line (it was a
     traceback); `import pyminfer` without the compiled core: an ImportError that says so (it was
