@@ -109,11 +109,11 @@ class ChatSession:
         while len(ids) + room > self.model.n_ctx and self._drop_oldest(msgs):
             ids = self.tok.encode(self._render(msgs), parse_special=True)
             dropped += 1
+        if len(ids) >= self.model.n_ctx:  # before the log below: nothing is dropped then (msgs is a copy)
+            raise ContextFull(f"the message needs {len(ids)} tokens; the context holds n_ctx={self.model.n_ctx}")
         if dropped:
             log(f"pyminfer: the conversation no longer fits n_ctx={self.model.n_ctx}: dropped its {dropped} oldest "
                 f"exchange{'s' if dropped > 1 else ''}")
-        if len(ids) >= self.model.n_ctx:
-            raise ContextFull(f"the message needs {len(ids)} tokens; the context holds n_ctx={self.model.n_ctx}")
         n_past = common_prefix(self.cache_ids, ids)
         kw: dict[str, Any] = {}
         if self.spec_ngram is not None:

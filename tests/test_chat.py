@@ -193,3 +193,9 @@ def test_message_too_long_for_the_context_is_skipped_with_status_1():
     assert re.search(r"the message needs \d+ tokens; the context holds n_ctx=64", out.stderr), out.stderr
     assert len(STATS.findall(out.stderr)) == 1, out.stderr  # "hi" was still answered
     assert "Traceback" not in out.stderr
+    # after an exchange, the long message logged "dropped its 1 oldest exchange" though it was
+    # refused and the history kept
+    out = _cli("chat", "-m", MODEL, "--device", "cpu", "-c", "64", "-n", "2", "--temp", "0",
+               stdin="hi\n" + "hello " * 80 + "\nhi\n")
+    assert out.returncode == 1 and len(STATS.findall(out.stderr)) == 2, out.stderr
+    assert "dropped its" not in out.stderr, out.stderr
