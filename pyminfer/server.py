@@ -1071,13 +1071,17 @@ def _shutting_down() -> APIError:
 
 async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams,
                n: int | None, cache: bool = True) -> GenerationResult:
-    """A non-streaming generation; a client that goes away cancels it."""
+    """A non-streaming generation; a client that goes away cancels it. Checked before it starts
+    too: a batch's prompts each run through here, and short ones finish between the polls below,
+    so a disconnected batch once ran to its end."""
     cancel = threading.Event()
     loop = asyncio.get_running_loop()
     state.track(cancel)
     with state.metrics.lock:
         state.metrics.processing += 1
     try:
+        if await request.is_disconnected():
+            cancel.set()  # _job counts it as cancelled and returns None: the 499 below
         fut = loop.run_in_executor(state.worker, _job, state, llm, ids, params, n, cancel, None, cache)
         while True:
             done, _ = await asyncio.wait({fut}, timeout=0.5)

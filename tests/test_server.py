@@ -255,6 +255,30 @@ def test_disconnect_mid_request_counts_as_cancelled_not_error(server):
     assert _metric(server, "pyminfer_request_errors_total") == errors
 
 
+def test_disconnect_mid_batch_stops_the_batch(server):
+    """A batch of short prompts from a client that gave up: each prompt finished between the
+    server's disconnect polls, so the whole batch ran (and held the worker) to its end."""
+    import socket
+
+    cancelled = _metric(server, "pyminfer_requests_cancelled_total")
+    predicted = _metric(server, "pyminfer_tokens_predicted_total")
+    body = json.dumps({"prompt": ["Hi"] * 400, "max_tokens": 1, "temperature": 0}).encode()
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sk:
+        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.time() + 60
+        while _metric(server, "pyminfer_tokens_predicted_total") < predicted + 3:  # the batch is running
+            assert time.time() < deadline
+            time.sleep(0.05)
+    _wait_cancelled(server, cancelled)
+    deadline = time.time() + 60
+    while _metric(server, "pyminfer_requests_processing") != 0:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    assert _metric(server, "pyminfer_tokens_predicted_total") < predicted + 200  # far from all 400
+
+
 def test_metrics(server):
     httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0}, timeout=60)
     text = httpx.get(server + "/metrics").text
