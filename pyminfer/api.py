@@ -525,9 +525,13 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
             c = ""
         if isinstance(c, list):  # OpenAI content parts: keep the text ones
             parts = []
-            for p in c:
+            for j, p in enumerate(c):
                 if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
                     parts.append(p["text"])
+                elif isinstance(p, dict) and p.get("type") == "text":  # the text part, not its type, is at fault
+                    raise MessageError(f"messages[{i}].content[{j}].text must be a string (a text part's text), got "
+                                       f"{'nothing' if 'text' not in p else type(p['text']).__name__}",
+                                       f"messages.{i}.content.{j}.text")
                 else:
                     raise MessageError(f"messages[{i}].content: only text parts are supported", f"messages.{i}.content")
             c = "\n".join(parts)  # as vLLM (string content format) and llama.cpp's server join them

@@ -285,3 +285,16 @@ def test_text_parts_joined_by_newline(llm):
     llama.cpp's server join them (they were concatenated with nothing between)."""
     parts = [{"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}]
     assert llm.apply_chat_template(parts) == llm.apply_chat_template([{"role": "user", "content": "A\nB"}])
+
+
+def test_broken_text_part_is_named(llm):
+    """A text part without a string text was refused as "only text parts are supported", which
+    names the wrong fault; an image part still gets that message."""
+    from pyminfer.api import MessageError
+
+    for part, got in (({"type": "text"}, "nothing"), ({"type": "text", "text": 5}, "int")):
+        msgs = [{"role": "user", "content": [{"type": "text", "text": "A"}, part]}]
+        with pytest.raises(MessageError, match=rf"^messages\[0\]\.content\[1\]\.text must be a string .*got {got}$"):
+            llm.apply_chat_template(msgs)
+    with pytest.raises(MessageError, match="only text parts are supported"):
+        llm.apply_chat_template([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
