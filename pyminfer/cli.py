@@ -497,10 +497,17 @@ def _refuse_glued_flags(ap: argparse.ArgumentParser, argv: list[str]) -> None:
         if parser is ap and tok in ap.subcommands:  # type: ignore[attr-defined]
             parser = ap.subcommands[tok]  # type: ignore[attr-defined]
             continue
-        if (re.fullmatch(r"-[A-Za-z][A-Za-z-]+", tok) and tok not in parser._option_string_actions
-                and f"-{tok[1]}" in parser._option_string_actions):
-            parser.error(f"unrecognized argument: {tok} (not a pyminfer flag; for -{tok[1]} with a value, "
-                         f"write -{tok[1]} {tok[2:]})")
+        if not re.fullmatch(r"-[A-Za-z][A-Za-z-]+", tok) or tok in parser._option_string_actions:
+            continue
+        act = parser._option_string_actions.get(f"-{tok[1]}")
+        if act is None or (act.choices is not None and tok[2:] in act.choices):  # -ojson: a value it takes
+            continue
+        if act.nargs == 0:  # a switch: argparse reads stacked switches (-qo x); -h... (llama.cpp's -hf) is no help
+            if isinstance(act, argparse._HelpAction):
+                parser.error(f"unrecognized argument: {tok} (not a pyminfer flag)")
+            continue
+        parser.error(f"unrecognized argument: {tok} (not a pyminfer flag; for -{tok[1]} with a value, "
+                     f"write -{tok[1]} {tok[2:]})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

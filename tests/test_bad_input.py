@@ -782,6 +782,21 @@ def test_llama_cpp_multi_letter_flags_are_refused(tmp_path, smol_path, monkeypat
     assert out.returncode == 0, out.stderr.decode()
 
 
+def test_glued_flag_check_keeps_what_argparse_parses():
+    """Stacked switches (synth -qo FILE: -q -o FILE) and a glued choice (bench -ojson) still parse;
+    -hf (llama.cpp's model-from-hub flag) is refused, not read as -h."""
+    from pyminfer.cli import _refuse_glued_flags, build_parser
+
+    ap = build_parser()
+    for argv in (["synth", "-qo", "x.gguf", "--shape", "7b"], ["bench", "-ojson"], ["run", "-n16"], ["run", "--", "-fa"]):
+        _refuse_glued_flags(ap, argv)
+    assert ap.parse_args(["synth", "-qo", "x.gguf", "--shape", "7b"]).output == "x.gguf"
+    for argv in (["-hf"], ["run", "-hf", "x"], ["run", "-fa"], ["bench", "-ngl", "99"]):
+        with pytest.raises(SystemExit) as e:
+            _refuse_glued_flags(ap, argv)
+        assert e.value.code == 2, argv
+
+
 def test_missing_server_extra_and_native_core_are_one_line_errors(tmp_path):
     """`pyminfer serve` without fastapi / uvicorn: the install advice as one line (it was a
     traceback); `import pyminfer` without the compiled core: an ImportError that says so (it was
