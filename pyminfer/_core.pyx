@@ -109,12 +109,6 @@ def mmvq_mma_split_launches() -> int:
     return mi_cuda_mmvq_mma_split_launches()
 
 
-def mmvq_qcluster_launches() -> int:
-    """SwiGLU mat-vec launches that quantized their output through a thread block cluster per
-    32-row group (sm_90+, MI_CUDA_FUSE_CLUSTER); 0 without CUDA. For tests: which path ran."""
-    return mi_cuda_mmvq_qcluster_launches()
-
-
 def attn_pair_launches() -> int:
     """Tensor-core decode-attention launches whose grid pairs two batch rows a block
     (native/cuda/attention.cu, MI_CUDA_ATTN_PAIR) in this process so far, graph captures included,

@@ -637,34 +637,6 @@ def test_fused_swiglu_quant_bitwise(nt, monkeypatch):
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
 
 
-@pytest.mark.parametrize("nt", [1, 2, 4, 5, 12])
-@pytest.mark.parametrize("shape", ["rpb4", "rpb2"])
-def test_cluster_swiglu_quant_bitwise(nt, shape, monkeypatch):
-    """MI_CUDA_FUSE_CLUSTER=1 (the SwiGLU launch's 32-row groups quantized by one block of a thread
-    block cluster after a hardware barrier) gives the bits of the separate quantize launch, graphed
-    and not; the cluster launches ran exactly where the block kernel serves <= 4 rows (rows of 8
-    chunks: 4 rows a block, clusters of 8; of 96 chunks: 2 rows a block, clusters of 16). At nt = 5
-    the tensor-core kernel and at nt = 12 the GEMM take the rows, with the quantize launch as before."""
-    over = {} if shape == "rpb4" else dict(n_embd=3072, n_head=24, n_head_kv=4, head_dim=128)
-    model = small_model(8, types=bg.qwen_types(SMALL["n_layer"]), **over)
-    V = SMALL["n_vocab"]
-    prompt = list(np.random.default_rng(8).integers(0, V, 10))
-    batch, pos = list(range(7, 7 + nt)), range(10, 10 + nt)
-    out = batch_under_env(monkeypatch, "MI_CUDA_FUSE_CLUSTER", ("0", "1"), model, prompt, batch)
-    assert np.std(out[0][0]) > 0.1
-    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
-    sm90 = core.cuda_compute_capability() >= 90
-    for v in ("0", "1"):  # without graphs: the batch's own launches, one SwiGLU launch a layer
-        monkeypatch.setenv("MI_CUDA_FUSE_CLUSTER", v)
-        ctx = make_ctx(model, 1, graphs=False)
-        prefill_chunks(ctx, prompt, V)
-        n0 = core.mmvq_qcluster_launches()
-        lg = run(ctx, batch, pos, V)
-        ran = core.mmvq_qcluster_launches() - n0
-        assert ran == (SMALL["n_layer"] if v == "1" and nt <= 4 and sm90 else 0), (v, ran)
-        assert np.array_equal(lg[0], out[0][0]) and np.array_equal(lg[1], out[0][1])
-
-
 @pytest.mark.parametrize("nt", [1, 4, 9])
 @pytest.mark.parametrize("mix", ["q4_k+q6_k", "q5_0+q8_0", "q4_k+q6_k,rope_kernel", "q5_k+q6_k,k_with_v"])
 def test_mixed_qkv_launch_bitwise(nt, mix, monkeypatch):
@@ -1049,7 +1021,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_MMVQ_MMA_SPLIT", "3"), ("MI_CUDA_MMVQ_MMA_SPLIT", ""),
                                      ("MI_CUDA_FUSE", "yes"), ("MI_CUDA_MMQ", "2"),
                                      ("MI_CUDA_ROPE_FUSE", "00"), ("MI_CUDA_QKV_STACK", "true"),
-                                     ("MI_CUDA_PDL", "0x"), ("MI_CUDA_PROFILE", "on"), ("MI_CUDA_FUSE_CLUSTER", "2"),
+                                     ("MI_CUDA_PDL", "0x"), ("MI_CUDA_PROFILE", "on"),
                                      ("MI_CUDA_MMQ_SPLITS", "four"), ("MI_CUDA_MMQ_SPLITS", "-1")])
 def test_bad_tuning_environment_is_refused(var, val, monkeypatch):
     monkeypatch.setenv(var, val)
@@ -1069,8 +1041,7 @@ def test_bad_graphs_switch_is_refused(val, monkeypatch):
 @pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
                                  "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT",
                                  "MI_CUDA_FUSE", "MI_CUDA_MMQ", "MI_CUDA_ROPE_FUSE",
-                                 "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE", "MI_CUDA_MMQ_SPLITS",
-                                 "MI_CUDA_FUSE_CLUSTER"])
+                                 "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE", "MI_CUDA_MMQ_SPLITS"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):
     """VAR= (empty, as `bench/depth.py --env VAR=,1` sets it) means the default, not an error."""
     model = small_model(11)

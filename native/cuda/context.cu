@@ -74,10 +74,6 @@ struct mi_cuda_ctx {
     // of a separate quantize launch. Off by default: on the H200 with PDL the fence + counter in
     // every block cost more than the launch saved (1.5B 762 vs 779 tok/s, 0.5B 1232 vs 1264).
     int fuse_quant;
-    // MI_CUDA_FUSE_CLUSTER=1: the same with a thread block cluster per 32-row group and a hardware
-    // barrier instead of the fence + counter (mi_cuda_mmvq_cluster_quant: block-kernel launches of
-    // <= 8 rows only; the others keep the quantize launch).
-    int fuse_cluster;
     int no_mmq;            // MI_CUDA_MMQ=0: nt >= 10 loops the 8-row mat-vec instead (A/B, tests)
     int rope_fuse;         // RoPE + KV write in the q/k/v mat-vec epilogue (MI_CUDA_ROPE_FUSE=0: kernel)
     // q/k/v of two types (q, k stacked + v: half the layers of Qwen2.5 Q4_K_M files) in one mixed
@@ -357,12 +353,10 @@ int mi_enqueue(mi_cuda_ctx *c, int nt, int graph, int n_out, int regime) {
             o.end[0] = F;
             o.y[0] = c->ff;
             o.ldy[0] = F;
-            const bool qcluster = c->fuse_cluster && mi_cuda_mmvq_cluster_quant(&L->gate, nt);
-            if (q_down && (c->fuse_quant || qcluster)) {
+            if (q_down && c->fuse_quant) {
                 o.yq = c->xq_ff;
                 o.ldq = F / 32;
                 o.cnt = c->ff_cnt;
-                o.qcluster = qcluster;
                 quantized = true;
             }
             MI_RUNK(MI_P_MM_FFN_IN, mi_cuda_mmvq_seg(&L->gate, &L->up, c->xq, c->xn, E, nt, &o, 0, s));
@@ -498,7 +492,7 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
     // The on / off switches: unset or empty = the default, "0" or "1", anything else refused (a
     // typo such as MI_CUDA_GRAPHS=off must not silently measure the default).
     static const char *const switches[] = {"MI_CUDA_GRAPHS", "MI_CUDA_FUSE", "MI_CUDA_MMQ", "MI_CUDA_ROPE_FUSE",
-                                           "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE", "MI_CUDA_FUSE_CLUSTER"};
+                                           "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE"};
     for (const char *name : switches)
         if (mi_env_switch(name, 0) < 0) {
             free(c);
@@ -506,7 +500,6 @@ extern "C" int mi_cuda_ctx_create(const mi_model_desc *d, int32_t n_ctx, int32_t
         }
     c->use_graphs = mi_env_switch("MI_CUDA_GRAPHS", 1);
     c->fuse_quant = mi_env_switch("MI_CUDA_FUSE", 0);
-    c->fuse_cluster = mi_env_switch("MI_CUDA_FUSE_CLUSTER", 0);
     c->no_mmq = !mi_env_switch("MI_CUDA_MMQ", 1);
     if (const int rc = mi_cuda_mmq_check_env()) {
         free(c);

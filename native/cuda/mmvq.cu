@@ -108,7 +108,7 @@ bool mi_cuda_mmvq_can_rope(int64_t n_cols) {
 // outputs advanced to the group's first row: a launch streams its weights once for <= 8 rows.
 template <typename F>
 static int mi_mmvq_groups(mi_mmvq_args &a, const mi_block_q8a *xq, const float *xf, int64_t ldx, int nt,
-                          const mi_mmvq_out *out, F launch) { // launch(int g, mi_mmvq_args &a)
+                          const mi_mmvq_out *out, F launch) {
     for (int t0 = 0; t0 < nt; t0 += 8) {
         const int g = nt - t0 < 8 ? nt - t0 : 8;
         a.xq = xq ? xq + t0 * (ldx / 32) : nullptr;
@@ -125,25 +125,6 @@ static int mi_mmvq_groups(mi_mmvq_args &a, const mi_block_q8a *xq, const float *
         if (rc) return rc;
     }
     return MI_OK;
-}
-
-uint64_t mi_mmvq_qcluster_count = 0;
-extern "C" uint64_t mi_cuda_mmvq_qcluster_launches(void) { return __atomic_load_n(&mi_mmvq_qcluster_count, __ATOMIC_RELAXED); }
-
-// A quantized matrix on the block kernel whose 32-row groups are whole clusters of <= 16 blocks.
-static bool mi_mmvq_qcluster_fits(const mi_dtensor *w, int warp, int rpb) {
-    return w->type != MI_TYPE_F32 && w->type != MI_TYPE_F16 && warp == 0 && 32 % rpb == 0 &&
-           32 / rpb <= MI_MMVQ_QCLUSTER_MAX && w->n_rows % 32 == 0 && mi_cc_major() >= 9;
-}
-
-bool mi_cuda_mmvq_cluster_quant(const mi_dtensor *w, int nt) {
-    const int mode = mi_mmvq_mode();
-    const int64_t nchunks = w->n_cols / 32, warp_rows = mi_cuda_mmvq_warp_rows();
-    if (mode < 0 || warp_rows < 0 || nt < 1 || nt > 8) return false;
-    const int warp = mi_mmvq_warps(mode, nchunks, w->n_rows, warp_rows);
-    if (!mi_mmvq_qcluster_fits(w, warp, mi_rows_per_block(nchunks))) return false;
-    const int mma_from = mi_mmvq_mma_from(false);
-    return !(mma_from > 0 && nt >= mma_from && mi_mmvq_mma_applies(w->type, w->n_rows, w->n_cols, 0));
 }
 
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
@@ -177,11 +158,7 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     if (mi_mmvq_mma_split_mode() < 0) // read by mmvq_mma.cu's launch; refused here, clearly
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA_SPLIT=%s: want 0, 1 or 2", getenv("MI_CUDA_MMVQ_MMA_SPLIT"));
     const bool mma = mma_from && xq && mi_mmvq_mma_applies(w->type, w->n_rows, w->n_cols, out->any_rope);
-    // Cluster quantize only on the block kernel with whole clusters (mi_mmvq_qcluster_fits); any
-    // other launch of the call quantizes by the counters (same bits).
-    const bool qcluster = out->qcluster && mi_mmvq_qcluster_fits(w, a.warp, a.rpb);
-    return mi_mmvq_groups(a, xq, xf, ldx, nt, out, [&](int g, mi_mmvq_args &ga) {
-        ga.os.qcluster = qcluster && (!mma || g < mma_from);
+    return mi_mmvq_groups(a, xq, xf, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
         if (!mma || g < mma_from) return mi_launch_type(w->type, w_up != nullptr, g, ga, s);
         const cudaError_t e = mi_mmvq_mma_launch(w_up != nullptr, g, ga, s);
         return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (tensor cores): %s", cudaGetErrorString(e));

@@ -14,10 +14,6 @@
 // yq != NULL (one segment, n_rows a multiple of 32): the output is also quantized, yq [nt][ldq]
 // q8a blocks, by the last block to finish each 32-row group (cnt: int32 [n_rows/32], zero before
 // the launch and left zero), so the next matmul's input needs no launch of its own.
-// qcluster != 0 as well (where mi_cuda_mmvq_cluster_quant said yes): the block kernel's 32 / rpb
-// blocks of each 32-row group form one thread block cluster and its rank 0 quantizes the group
-// after a hardware cluster barrier (release / acquire), with no fence or counter; a launch that
-// cannot take a cluster (binary without sm_90 code) uses the counters (cnt still required).
 #define MI_MMVQ_MAX_SEG 3
 struct mi_mmvq_out {
     int n_seg;
@@ -28,7 +24,6 @@ struct mi_mmvq_out {
     mi_block_q8a *yq;
     int64_t ldq;
     int32_t *cnt;
-    int qcluster;
     // RoPE and the KV-cache write fused into the q/k/v launch (any_rope != 0; block kernel with an
     // even number of rows per block): per segment rope[i] = 0 plain; 1 rotate, f32 to y[i];
     // 2 rotate, f16 to cache[i]; 3 f16 copy to cache[i]. Modes 1 and 2 compute a head's rows in
@@ -49,14 +44,6 @@ bool mi_cuda_mmvq_can_rope(int64_t n_cols);
 // MI_CUDA_MMVQ_WARP_ROWS (A/B timing, read at every call; default 4096): the fewest rows a matrix of
 // > 128-chunk rows needs for the warp kernel by default; -1 when malformed (context creation refuses it).
 int64_t mi_cuda_mmvq_warp_rows(void);
-// Whether a SwiGLU launch of w (and its up twin) over nt <= 8 activation rows would quantize its
-// output through clusters (mi_mmvq_out.qcluster): q8a activations, every group of rows on the block
-// kernel (not the warp or tensor-core kernel), 32 / rpb <= MI_MMVQ_QCLUSTER_MAX blocks a group,
-// n_rows a multiple of 32, a device of compute capability >= 9.
-#define MI_MMVQ_QCLUSTER_MAX 16
-bool mi_cuda_mmvq_cluster_quant(const mi_dtensor *w, int nt);
-// Cluster-quantizing launches so far (tests prove the path ran).
-extern uint64_t mi_mmvq_qcluster_count;
 int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,
                      int nt, const mi_mmvq_out *out, int accumulate, cudaStream_t s);
 int mi_cuda_mmvq(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block_q8a *xq, const float *xf, int64_t ldx,

@@ -230,36 +230,19 @@ __device__ __forceinline__ void mi_epilogue(const float *acc, const float *acc_u
 // After the epilogue (os.yq set): this block's rows r0.. lie in one 32-row group (rows per block
 // divide 32); the last of the group's blocks to finish quantizes the group's 32 outputs of every
 // activation row, exactly as the plain quantize kernel would (same function, same floats).
-// os.qcluster: the group's blocks are one cluster (rank = block index within the group); every
-// thread arrives at the cluster barrier with release semantics (its outputs above), ranks > 0 then
-// leave (a wait counts only threads that have not exited), rank 0 waits with acquire semantics and
-// quantizes: the PTX memory model's cluster-scope release / acquire orders the peers' global stores
-// before rank 0's loads (PTX ISA, "barrier.cluster"; the loads bypass L1 all the same).
 template <int NT>
 __device__ __forceinline__ void mi_group_quant(const mi_mmvq_out &os, int r0, int rows_per_block) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
     const int g = r0 / 32;
-    if (os.qcluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-        unsigned rank;
-        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-        if (rank != 0) return;
-        asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-#else
-        __trap(); // launched only with sm_90 code (mi_launch_one): a group must never go unquantized
-#endif
-    } else {
-        __shared__ int last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            last = atomicAdd(os.cnt + g, 1) == 32 / rows_per_block - 1;
-            if (last) os.cnt[g] = 0;
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(os.cnt + g, 1) == 32 / rows_per_block - 1;
+        if (last) os.cnt[g] = 0;
     }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     constexpr int W = MI_MMVQ_THREADS / 32, K = (NT + W - 1) / W; // both kernels' blocks (static_assert below)
     float v[K];                                                   // loads before the stores, as above
@@ -454,44 +437,6 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 }
 
 
-// The block kernel with its output quantized by clusters of 32 / rpb blocks (os.qcluster; the host
-// checked rpb, n_rows and the block kernel). Only where this instance has sm_90 code (not PTX JIT-
-// compiled from an older target, whose kernel would trap): else the counters quantize (os.cnt).
-template <int T, int NT, bool GLU> cudaError_t mi_launch_qcluster(const mi_mmvq_args &a, cudaStream_t s) {
-    const auto k = mi_mmvq_kernel<T, NT, GLU>;
-    const int cs = 32 / a.rpb;
-    static int ok = -1;
-    if (ok < 0) {
-        cudaFuncAttributes fa;
-        ok = mi_cc_major() >= 9 && cudaFuncGetAttributes(&fa, k) == cudaSuccess && fa.ptxVersion >= 90 &&
-             fa.binaryVersion >= 90 &&
-             cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-        cudaGetLastError();
-    }
-    mi_mmvq_out os = a.os;
-    if (!ok) {
-        os.qcluster = 0;
-        return mi_launch(k, a.n_rows / a.rpb, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows, a.n_cols / 32,
-                         a.xq, a.ldx / 32, os, a.accumulate, a.rpb);
-    }
-    __atomic_add_fetch(&mi_mmvq_qcluster_count, 1, __ATOMIC_RELAXED);
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cs;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(a.n_rows / a.rpb);
-    cfg.blockDim = dim3(MI_MMVQ_THREADS);
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = mi_pdl_on(s) ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, k, a.w0, a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, os,
-                              a.accumulate, a.rpb);
-}
-
 template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args &a, cudaStream_t s) {
     const int grid = (a.n_rows + a.rpb - 1) / a.rpb;
     if constexpr (T == MI_TYPE_F32 || T == MI_TYPE_F16)
@@ -501,8 +446,6 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
         return mi_launch(mi_mmvq_warp_kernel<T, NT, GLU, mi_mmvq_unroll<NT, GLU>()>,
                          (a.n_rows + MI_MMVQ_WARPS / a.warp - 1) / (MI_MMVQ_WARPS / a.warp), MI_MMVQ_WARPS * 32, s, a.w0,
                          a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.warp);
-    else if (a.os.qcluster)
-        return mi_launch_qcluster<T, NT, GLU>(a, s);
     else
         return mi_launch(mi_mmvq_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);

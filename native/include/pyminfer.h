@@ -119,10 +119,6 @@ uint64_t mi_cuda_mmvq_mma_launches(void);
 /* Of those, the launches split over a thread block cluster per 16-row tile (MI_CUDA_MMVQ_MMA_SPLIT,
  * sm_90+). 0 without CUDA. */
 uint64_t mi_cuda_mmvq_mma_split_launches(void);
-/* SwiGLU mat-vec launches that quantized their output through a thread block cluster per 32-row
- * group (MI_CUDA_FUSE_CLUSTER, sm_90+) since the library was loaded (not counting graph replays).
- * 0 without CUDA. */
-uint64_t mi_cuda_mmvq_qcluster_launches(void);
 /* Decode-attention launches on the tensor cores whose grid pairs two batch rows a block (MI_CUDA_ATTN_PAIR,
  * native/cuda/attention.cu) since the library was loaded, in this process (not counting graph replays).
  * 0 without CUDA. */
