@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
 
 from .generate import Chunk, GenerationResult, generate_stream
+from .infill import InfillChunk, infill_ids
 from .ngram import NgramSpec
 from .sampling import SamplingParams
 from .tokenizer import ChatTemplateError, check_unicode
@@ -295,6 +296,32 @@ class LLM:
             res = ch.result or res
         assert res is not None
         return res
+
+    def infill(self, prefix: str, suffix: str = "", *, extra: Sequence[InfillChunk] = (), prompt: str = "",
+               **kw: Any) -> GenerationResult | Iterator[Chunk]:
+        """Fill in the middle: the text that goes between ``prefix`` and ``suffix`` (code models with
+        FIM tokens, such as Qwen2.5-Coder), as llama.cpp's server's /infill.
+
+        ``extra``: other files' text (``pyminfer.InfillChunk(text, filename)``), placed before the
+        prefix; ``prompt``: text that starts the middle (after the FIM middle token; not in the
+        result). The prompt is built as token ids by :func:`pyminfer.infill.infill_ids` (FIM markers
+        in the inputs' text stay text; long inputs cut as llama.cpp cuts them); ``kw`` are
+        :meth:`generate`'s (``max_tokens`` defaults to 128 as there). Returns what :meth:`generate`
+        returns. Raises pyminfer.infill.InfillUnsupportedError (a ValueError) for a model without
+        FIM prefix / suffix / middle tokens, TypeError for inputs that are not str, and what
+        :meth:`generate` raises.
+        """
+        for name, v in (("prefix", prefix), ("suffix", suffix), ("prompt", prompt)):
+            if not isinstance(v, str):
+                raise TypeError(f"{name} must be str, got {type(v).__name__}")
+        chunks = list(extra)
+        for i, c in enumerate(chunks):
+            if not isinstance(c, InfillChunk):
+                raise TypeError(f"extra[{i}] must be a pyminfer.InfillChunk, got {type(c).__name__}")
+        n = kw.get("max_tokens", 128)
+        ids = infill_ids(self.tokenizer, prefix, suffix, extra=chunks, prompt=prompt, n_ctx=self.n_ctx,
+                         n_predict=n if isinstance(n, int) and not isinstance(n, bool) else None)
+        return self.generate(ids, **kw)
 
     def chat(self, messages: list[dict[str, Any]], **kw: Any) -> GenerationResult | Iterator[Chunk]:
         """Answer a conversation: ``messages`` ([{"role": "system"|"developer"|"user"|"assistant"|"tool",

@@ -43,6 +43,7 @@ except ModuleNotFoundError as e:  # tests: test_missing_server_extra_and_native_
 from .api import LLM, ChatTemplateError
 from .cli import package_version
 from .generate import Chunk, GenerationResult
+from .infill import InfillChunk, InfillUnsupportedError, infill_ids
 from .sampling import SamplingParams
 from .spec import MAX_DEPTH
 from .tokenizer import lone_surrogate
@@ -201,7 +202,6 @@ _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "function_call": (_not_none_or_auto, "no function calling"),
     "response_format": (lambda v: isinstance(v, dict) and v.get("type", "text") != "text",
                         "no constrained (JSON) output"),
-    "suffix": (_nonempty, "no fill-in-the-middle: the text after the insertion point would be ignored"),
     # llama.cpp's server (its defaults are the neutral values)
     "mirostat": (_other_than(0), "Mirostat sampling is not implemented"),
     "typical_p": (_other_than(1), "locally typical sampling is not implemented"),
@@ -306,6 +306,28 @@ class CompletionRequest(_GenRequest):
     # OpenAI: a string, token ids, or a batch of either (completion_prompts: one choice per prompt)
     # text, token ids, llama.cpp's mixed list of text pieces and ids, or a batch of one of the first two
     prompt: Union[str, List[Int], List[str], List[List[Int]], List[Union[Int, str]]]
+    # OpenAI's fill-in-the-middle: the text after the insertion point (a text prompt is the text
+    # before it); non-empty: the FIM prompt of pyminfer.infill, for models with FIM tokens
+    suffix: Optional[str] = None
+
+
+class InfillExtra(BaseModel):
+    """One chunk of /infill's input_extra (llama.cpp's {"filename": string, "text": string})."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    filename: str = "tmp"
+
+
+class InfillRequest(_GenRequest):
+    """llama.cpp's /infill: the text before and after the gap, other files' text, and text that
+    starts the middle (``prompt``, after the FIM middle token); every /completion option."""
+
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: List[InfillExtra] = []
+    prompt: str = ""
 
 
 class ChatMessage(BaseModel):
@@ -319,6 +341,9 @@ class ChatRequest(_GenRequest):
     messages: List[ChatMessage] = Field(min_length=1)
 
     def check(self) -> None:
+        if _nonempty((self.model_extra or {}).get("suffix")):  # refused before FIM existed: still not ignored
+            raise APIError(400, "not supported by this server: suffix (a chat has no fill-in-the-middle; use "
+                           "/v1/completions' suffix or /infill)", param="suffix", code="unsupported_parameter")
         super().check()
         for i, m in enumerate(self.messages):
             # OpenAI: content is required, except in an assistant turn that carries tool calls;
@@ -341,7 +366,8 @@ class DetokenizeRequest(_Request):
     tokens: List[Int]
 
 
-_REQUESTS = (CompletionRequest, ChatRequest, ChatMessage, StreamOptions, TokenizeRequest, DetokenizeRequest)
+_REQUESTS = (CompletionRequest, ChatRequest, ChatMessage, StreamOptions, TokenizeRequest, DetokenizeRequest,
+             InfillRequest, InfillExtra)
 # Field names of the request models: what in a pydantic error location is a field (the rest are the
 # names of union members such as 'list[int]', which mean nothing to a client).
 _FIELDS = frozenset(name for m in _REQUESTS for name in m.model_fields)
@@ -712,6 +738,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
     # ------------------------------------------------------------------ info
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime probes' check
+    @app.api_route("/v1/health", methods=["GET", "HEAD"])  # llama.cpp's server answers both
     async def health() -> JSONResponse:
         if state.llm is None:
             if state.load_error:
@@ -823,6 +850,22 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                            "(at least one position must stay free)", param=param,
                            code="context_length_exceeded")
 
+    def fim_prompt(llm: LLM, prefix: str, suffix: str, *, extra: list[InfillChunk] | None = None, prompt: str = "",
+                   n: int | None = None, param: str = "input_prefix", unsupported: int = 501) -> list[int]:
+        """The FIM prompt's ids (pyminfer.infill), checked like any prompt; a model without FIM
+        tokens is ``unsupported`` (501 for /infill, as llama.cpp's server; 400 for a suffix)."""
+        try:
+            ids = infill_ids(llm.tokenizer, prefix, suffix, extra=extra or (), prompt=prompt, n_ctx=llm.n_ctx,
+                             n_predict=n)
+        except InfillUnsupportedError as e:
+            if unsupported == 501:
+                raise APIError(501, str(e), type="not_supported_error") from None
+            raise APIError(400, f"{param}: {e}", param=param, code="unsupported_parameter") from None
+        except ValueError as e:
+            raise APIError(400, str(e), param=param) from None
+        check_prompt(llm, ids, param=param)
+        return ids
+
     def max_tokens(req: _GenRequest, default: int | None) -> int | None:
         """The request's token limit (max_tokens / n_predict), else ``default``; None means until
         end of generation or a full context (LLM.generate's own limit: it stopped one token short
@@ -833,8 +876,14 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
     def completion_prompts(req: CompletionRequest, llm: LLM) -> list[list[int]]:
         """The request's prompts as token ids: one, or each of a batch (OpenAI's list of strings or
         of token-id lists; llama.cpp's list of prompts), checked in order (the first bad one is
-        the 400, its index in the message). A streamed batch is a 400: its chunks would interleave."""
+        the 400, its index in the message). A streamed batch is a 400: its chunks would interleave.
+        A non-empty suffix: one text prompt, the text before the gap (fim_prompt)."""
         p = req.prompt
+        if req.suffix:
+            if not isinstance(p, str):
+                raise APIError(400, "suffix (fill-in-the-middle) needs one text prompt: the text before the gap",
+                               param="prompt")
+            return [fim_prompt(llm, p, req.suffix, n=max_tokens(req, None), param="suffix", unsupported=400)]
         if not (isinstance(p, list) and len(p) > 1 and isinstance(p[0], (str, list))
                 and all(isinstance(x, type(p[0])) for x in p)):
             return [completion_prompt(req, llm)]
@@ -926,23 +975,34 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         out["timings"] = _timings(res)
         return JSONResponse(out)
 
+    def chat_prompt(llm: LLM, req: ChatRequest, *, ids: bool = False) -> Any:
+        """The request's messages through the model's chat template, with the assistant's opening
+        (ids: as token ids, special tokens parsed); 500 for a template that fails (the model's
+        fault), 400 for a message it cannot render."""
+        msgs = [m.model_dump(exclude_none=True) for m in req.messages]
+        try:
+            text = llm.apply_chat_template(msgs, add_generation_prompt=True)
+            return llm.tokenize(text, parse_special=True) if ids else text
+        except ChatTemplateError as e:  # the model's fault, not the request's
+            raise APIError(500, str(e), type="server_error", code="chat_template_error") from None
+        except ValueError as e:  # MessageError: its param is the field's path
+            raise APIError(400, str(e), param=getattr(e, "param", "messages"), code="invalid_value") from None
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> JSONResponse:
+        """llama.cpp's: the prompt text a chat request's messages become (the chat template with the
+        assistant's opening), without generating: {"prompt": ...}."""
+        req = await _parse(request, ChatRequest)
+        llm = check_model(req)
+        return JSONResponse({"prompt": await _off_loop(chat_prompt, llm, req)})
+
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(request: Request) -> Any:
         req = await _parse(request, ChatRequest)
         state.metrics.count_request("chat_completions")
         llm = check_model(req)
-        msgs = [m.model_dump(exclude_none=True) for m in req.messages]
-
-        def render() -> list[int]:
-            return llm.tokenize(llm.apply_chat_template(msgs, add_generation_prompt=True), parse_special=True)
-
-        try:
-            ids = await _off_loop(render)
-        except ChatTemplateError as e:  # the model's fault, not the request's
-            raise APIError(500, str(e), type="server_error", code="chat_template_error") from None
-        except ValueError as e:  # MessageError: its param is the field's path
-            raise APIError(400, str(e), param=getattr(e, "param", "messages"), code="invalid_value") from None
+        ids = await _off_loop(lambda: chat_prompt(llm, req, ids=True))
         check_prompt(llm, ids, param="messages")
         params = _params(req)
         n = max_tokens(req, None)
@@ -987,6 +1047,24 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         state.metrics.count_request("completion")
         llm = check_model(req)
         batch = await _off_loop(completion_prompts, req, llm)
+        return await native_completion(request, req, llm, batch)
+
+    @app.post("/infill")
+    async def infill(request: Request) -> Any:
+        """llama.cpp's fill-in-the-middle endpoint: input_prefix / input_suffix around the gap,
+        input_extra ([{"filename", "text"}]) before them, prompt after the middle token
+        (pyminfer.infill); the answer (the middle) as /completion gives it. 501 for a model
+        without FIM tokens."""
+        req = await _parse(request, InfillRequest)
+        state.metrics.count_request("infill")
+        llm = check_model(req)
+        extra = [InfillChunk(c.text, c.filename) for c in req.input_extra]
+        ids = await _off_loop(lambda: fim_prompt(llm, req.input_prefix, req.input_suffix, extra=extra,
+                                                 prompt=req.prompt, n=max_tokens(req, None)))
+        return await native_completion(request, req, llm, [ids])
+
+    async def native_completion(request: Request, req: _GenRequest, llm: LLM, batch: list[list[int]]) -> Any:
+        """llama.cpp's response to /completion (and /infill) for the prompts ``batch``."""
         ids = batch[0]
         params = _params(req)
         n = max_tokens(req, None)

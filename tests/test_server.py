@@ -759,7 +759,7 @@ def test_n_predict_is_max_tokens(local):
 # (field, a value that asks for something the server does not do)
 UNIMPLEMENTED = [
     ("mirostat", 2), ("typical_p", 0.5), ("tfs_z", 0.9), ("grammar", "root ::= \"yes\""),
-    ("json_schema", {"type": "object"}), ("ignore_eos", True), ("suffix", "return x"), ("n_probs", 3),
+    ("json_schema", {"type": "object"}), ("ignore_eos", True), ("n_probs", 3),
     ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("logit_bias", [[15043, 1.0]]),
     ("logit_bias", {"15043": -100}), ("logit_bias", {"15043": 0, "16": 2}), ("logit_bias", [[15043, False]]),
     ("logit_bias", {"--5": 7}),  # token text, not an id: int("--5") was a 500
@@ -1153,3 +1153,85 @@ def test_port_in_use_is_a_pyminfer_error():
     assert out.returncode == 1, out.stderr
     assert f"pyminfer: error: the server could not start on 127.0.0.1:{port}" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+# ------------------------------------------------------------------ fill-in-the-middle
+FIM_PREFIX = "def add(a, b):\n    "
+FIM_SUFFIX = "\n\nprint(add(1, 2))\n"
+
+
+def test_fim_refused_for_a_model_without_fim_tokens(local):
+    """SmolLM2 has no FIM prefix / suffix / middle tokens: /infill is a 501 (llama.cpp's server), a
+    suffix on a completion a 400 naming it; a chat never takes a suffix; bad /infill fields are 400s
+    before any of that."""
+    c, _ = local
+    err = _error(c.post("/infill", json={"input_prefix": FIM_PREFIX, "input_suffix": FIM_SUFFIX}), 501)
+    assert err["type"] == "not_supported_error" and "cannot fill in the middle" in err["message"]
+    for path in ("/v1/completions", "/completion"):
+        err = _error(c.post(path, json={"prompt": FIM_PREFIX, "suffix": FIM_SUFFIX, "max_tokens": 1}))
+        assert err["param"] == "suffix" and err["code"] == "unsupported_parameter", err
+        assert "cannot fill in the middle" in err["message"]
+        err = _error(c.post(path, json={"prompt": [1, 2], "suffix": FIM_SUFFIX, "max_tokens": 1}))
+        assert err["param"] == "prompt" and "one text prompt" in err["message"]
+    err = _error(c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                      "suffix": "x", "max_tokens": 1}))
+    assert err["param"] == "suffix" and err["code"] == "unsupported_parameter"
+    for body in ({"input_prefix": 5}, {"input_extra": "x"}, {"input_extra": [{"text": 5}]},
+                 {"input_extra": [{"text": "x", "name": "a.py"}]}, {"input_extra": [{"filename": "a.py"}]},
+                 {"prompt": [1, 2]}):
+        err = _error(c.post("/infill", json={"input_suffix": "", **body}))
+        assert err["param"] and err["param"].split(".")[0] in body, (body, err)
+
+
+@pytest.fixture(scope="module")
+def qwen_app(qwen05_path):
+    """An in-process app over the real Qwen2.5-Coder-0.5B (FIM tokens), CPU, n_ctx 256."""
+    from pyminfer import LLM
+    from pyminfer.server import ServerState
+
+    llm = LLM(str(qwen05_path), device="cpu", n_ctx=256)
+    with _serving(ServerState(lambda: llm, aliases=["qwen"]), 60) as c:
+        yield c, llm
+    llm.close()
+
+
+def test_infill_writes_the_middle(qwen_app):
+    """/infill (llama.cpp's shape, also streamed) and a /v1/completions suffix give the same greedy
+    middle for the same FIM prompt; a prefix far longer than the context is cut, not refused."""
+    from pyminfer.infill import infill_ids
+
+    c, llm = qwen_app
+    body = {"input_prefix": FIM_PREFIX, "input_suffix": FIM_SUFFIX, "n_predict": 6, "temperature": 0,
+            "cache_prompt": False}
+    r = c.post("/infill", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["content"].startswith("return a + b"), out
+    assert out["tokens_evaluated"] == len(infill_ids(llm.tokenizer, FIM_PREFIX, FIM_SUFFIX, n_ctx=256, n_predict=6))
+    oa = c.post("/v1/completions", json={"prompt": FIM_PREFIX, "suffix": FIM_SUFFIX, "max_tokens": 6,
+                                         "temperature": 0}).json()
+    assert oa["choices"][0]["text"] == out["content"]
+    pieces = []
+    with c.stream("POST", "/infill", json={**body, "stream": True}) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: "):
+                pieces.append(json.loads(line[6:]))
+    assert pieces[-1]["stop"] and "".join(p["content"] for p in pieces) == out["content"]
+    long = c.post("/infill", json={**body, "input_prefix": "x = 1\n" * 500 + FIM_PREFIX,
+                                   "input_extra": [{"filename": "b.py", "text": "y = 2\n" * 500}]})
+    assert long.status_code == 200 and long.json()["tokens_evaluated"] < 256, long.text
+
+
+def test_apply_template_and_v1_health(local):
+    """llama.cpp's /apply-template: the prompt text a chat request renders to (what the chat
+    endpoint then tokenizes), message errors as the chat's; /v1/health as /health."""
+    c, state = local
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    r = c.post("/apply-template", json={"messages": msgs})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"prompt": state.llm.apply_chat_template(msgs, add_generation_prompt=True)}
+    assert r.json()["prompt"].endswith("<|im_start|>assistant\n")
+    err = _error(c.post("/apply-template", json={"messages": [{"role": "wizard", "content": "Hi"}]}))
+    assert err["param"].startswith("messages")
+    assert _error(c.post("/apply-template", json={"messages": []}))["param"] == "messages"
+    assert c.get("/v1/health").json() == {"status": "ok"} and c.head("/v1/health").status_code == 200
