@@ -205,19 +205,42 @@ class LLM:
         ids = _check_ids(ids, self.tokenizer.n_vocab)
         return self.tokenizer.decode(ids, skip_special=_boolean("skip_special", skip_special))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> str:
         """The prompt text of ``messages`` ([{"role": ..., "content": ...}]) under the model's chat
         template; roles are those of ``ROLES`` ("developer" is rendered as "system").
 
+        ``continue_final_message`` (vLLM's and transformers' name; llama.cpp's server calls it the
+        assistant prefill): the last message is the assistant's unfinished answer, rendered open so
+        that generation continues it (add_generation_prompt is then moot). Done as transformers
+        does it, with the template's own rendering of the conversation: the final content is
+        replaced by a marker, the text is cut where the marker lands and the content put back as
+        given (so an empty or space-ended prefill stays exactly that).
+
         Raises:
-            MessageError (a ValueError): malformed messages (unknown role, bad content or tool_calls).
+            MessageError (a ValueError): malformed messages (unknown role, bad content or tool_calls);
+                with continue_final_message, a last message that is not an assistant's text.
             ChatTemplateError (a ValueError): the model's template does not compile.
             ValueError: the model has no template, or the template refuses these messages (its
-                ``raise_exception``, or an error while rendering them).
+                ``raise_exception``, or an error while rendering them), or (continue_final_message)
+                does not render the final content as given.
         """
         msgs = _check_messages(messages)
         agp = _boolean("add_generation_prompt", add_generation_prompt)
-        return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=agp)
+        if not _boolean("continue_final_message", continue_final_message):
+            return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=agp)
+        last = len(msgs) - 1
+        if msgs[last]["role"] != "assistant" or msgs[last].get("tool_calls"):
+            raise MessageError(f"continue_final_message: the last message (messages[{last}]) must be an assistant "
+                               "message with text and no tool_calls: the answer to continue", f"messages.{last}")
+        marker = "PyminferPrefillMarker7c1f"
+        text = self.tokenizer.apply_chat_template(msgs[:last] + [{**msgs[last], "content": marker}],
+                                                  add_generation_prompt=False)
+        at = text.rfind(marker)
+        if at < 0:
+            raise ValueError("continue_final_message: this model's chat template does not render the assistant's "
+                             "text as given, so it cannot be continued")
+        return text[:at] + msgs[last]["content"]
 
     # ------------------------------------------------------------------ generation
     def prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -323,13 +346,17 @@ class LLM:
                          n_predict=n if isinstance(n, int) and not isinstance(n, bool) else None)
         return self.generate(ids, **kw)
 
-    def chat(self, messages: list[dict[str, Any]], **kw: Any) -> GenerationResult | Iterator[Chunk]:
+    def chat(self, messages: list[dict[str, Any]], *, continue_final_message: bool = False,
+             **kw: Any) -> GenerationResult | Iterator[Chunk]:
         """Answer a conversation: ``messages`` ([{"role": "system"|"developer"|"user"|"assistant"|"tool",
         "content": str}], assistant turns optionally with OpenAI ``tool_calls``) rendered with the
         model's chat template plus the assistant prefix, then ``generate(**kw)`` (same keywords and
-        return value). Raises ValueError (see ``apply_chat_template``) without a usable chat template
-        or for malformed messages."""
-        text = self.apply_chat_template(messages, add_generation_prompt=True)
+        return value). ``continue_final_message``: the last message is the assistant's unfinished
+        answer, which the result continues (its text is only the continuation; see
+        ``apply_chat_template``). Raises ValueError (see ``apply_chat_template``) without a usable
+        chat template or for malformed messages."""
+        text = self.apply_chat_template(messages, add_generation_prompt=True,
+                                        continue_final_message=continue_final_message)
         return self.generate(text, **kw)
 
     def _params(self, temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,

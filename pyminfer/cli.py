@@ -475,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080, help="TCP port (0..65535)")
+    s.add_argument("--no-prefill-assistant", action="store_true",
+                   help="a chat ending with an assistant message gets a new answer instead of that message "
+                        "continued (llama.cpp's server flag; a request's continue_final_message still decides)")
     s.set_defaults(func=cmd_serve)
     return ap
 

@@ -339,6 +339,9 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_GenRequest):
     messages: List[ChatMessage] = Field(min_length=1)
+    # vLLM's: true, the last (assistant) message is continued; false, answered with a new turn;
+    # absent: the server's default (llama.cpp's assistant prefill, unless --no-prefill-assistant)
+    continue_final_message: Optional[Bool] = None
 
     def check(self) -> None:
         if _nonempty((self.model_extra or {}).get("suffix")):  # refused before FIM existed: still not ignored
@@ -580,8 +583,12 @@ class Metrics:
 class ServerState:
     """The model (None while loading), the single worker thread and the metrics."""
 
-    def __init__(self, loader: Callable[[], LLM], aliases: list[str] | None = None):
+    def __init__(self, loader: Callable[[], LLM], aliases: list[str] | None = None, *,
+                 prefill_assistant: bool = True):
         self.loader = loader
+        # a chat whose last message is the assistant's continues that message (llama.cpp's server
+        # default; `pyminfer serve --no-prefill-assistant` turns it off) unless the request says
+        self.prefill_assistant = prefill_assistant
         self.aliases = [a for a in (aliases or []) if a]
         self.llm: LLM | None = None
         self.load_error: str | None = None
@@ -976,12 +983,18 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         return JSONResponse(out)
 
     def chat_prompt(llm: LLM, req: ChatRequest, *, ids: bool = False) -> Any:
-        """The request's messages through the model's chat template, with the assistant's opening
-        (ids: as token ids, special tokens parsed); 500 for a template that fails (the model's
-        fault), 400 for a message it cannot render."""
+        """The request's messages through the model's chat template, with the assistant's opening,
+        or open at the end of a last assistant message that is to be continued (the request's
+        continue_final_message, else the server's assistant prefill: a last assistant message
+        with text and no tool calls); ids: as token ids, special tokens parsed. 500 for a template
+        that fails (the model's fault), 400 for a message it cannot render."""
         msgs = [m.model_dump(exclude_none=True) for m in req.messages]
+        cont = req.continue_final_message
+        if cont is None:
+            last = msgs[-1]
+            cont = state.prefill_assistant and last["role"] == "assistant" and not last.get("tool_calls")
         try:
-            text = llm.apply_chat_template(msgs, add_generation_prompt=True)
+            text = llm.apply_chat_template(msgs, add_generation_prompt=True, continue_final_message=cont)
             return llm.tokenize(text, parse_special=True) if ids else text
         except ChatTemplateError as e:  # the model's fault, not the request's
             raise APIError(500, str(e), type="server_error", code="chat_template_error") from None
@@ -1327,7 +1340,8 @@ def main_serve(args: Any) -> int:
 
     from .models import DEFAULT_MODEL
 
-    state = ServerState(loader, aliases=[args.model or DEFAULT_MODEL])
+    state = ServerState(loader, aliases=[args.model or DEFAULT_MODEL],
+                        prefill_assistant=not getattr(args, "no_prefill_assistant", False))
     app = create_app(state)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,
                             timeout_graceful_shutdown=3)

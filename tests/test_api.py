@@ -59,6 +59,34 @@ def test_stop_string(llm):
     assert r.text == full.text[:full.text.index(".")]
 
 
+def test_chat_continue_final_message(llm):
+    """continue_final_message: the last assistant message is left open (the template's own rendering
+    up to where its text goes, then the text as given, trailing space and empty text included) and
+    the result is only the continuation."""
+    q = {"role": "user", "content": "What is the capital of France?"}
+    new_turn = llm.apply_chat_template([q])
+    for prefill in ("The capital of France is", "The capital of France is ", ""):
+        text = llm.apply_chat_template([q, {"role": "assistant", "content": prefill}], continue_final_message=True)
+        assert text == new_turn + prefill
+    r = llm.chat([q, {"role": "assistant", "content": "The capital of France is"}], continue_final_message=True,
+                 max_tokens=4, temperature=0)
+    assert r.prompt_ids == llm.tokenize(new_turn + "The capital of France is")
+    assert r.text.startswith(" Paris"), r.text
+    # without it, the assistant message is a finished turn and a new one starts
+    closed = llm.apply_chat_template([q, {"role": "assistant", "content": "Hi"}])
+    assert closed.endswith("Hi<|im_end|>\n<|im_start|>assistant\n")
+    from pyminfer.api import MessageError
+
+    with pytest.raises(MessageError, match=r"last message \(messages\[0\]\) must be an assistant message"):
+        llm.apply_chat_template([q], continue_final_message=True)
+    call = {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "id": "c1",
+                                                                  "function": {"name": "f", "arguments": "{}"}}]}
+    with pytest.raises(MessageError, match="no tool_calls"):
+        llm.apply_chat_template([q, call], continue_final_message=True)
+    with pytest.raises(TypeError, match="continue_final_message"):
+        llm.chat([q], continue_final_message="yes")
+
+
 def test_chat(llm):
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     r = llm.chat(msgs, max_tokens=6, temperature=0)

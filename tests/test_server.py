@@ -1235,3 +1235,42 @@ def test_apply_template_and_v1_health(local):
     assert err["param"].startswith("messages")
     assert _error(c.post("/apply-template", json={"messages": []}))["param"] == "messages"
     assert c.get("/v1/health").json() == {"status": "ok"} and c.head("/v1/health").status_code == 200
+
+
+def test_assistant_prefill(local):
+    """A chat ending with an assistant message continues it (llama.cpp's server default; vLLM's
+    continue_final_message=true), the answer being only the continuation; continue_final_message
+    false answers with a new turn; true without a last assistant message is a 400; a server started
+    with --no-prefill-assistant (ServerState(prefill_assistant=False)) starts a new turn by default."""
+    from pyminfer.server import ServerState
+
+    c, state = local
+    q = {"role": "user", "content": "What is the capital of France?"}
+    a = {"role": "assistant", "content": "The capital of France is"}
+    body = {"messages": [q, a], "max_tokens": 4, "temperature": 0, "cache_prompt": False}
+    want = state.llm.chat([q, a], continue_final_message=True, max_tokens=4, temperature=0, cache_prompt=False)
+    for extra in ({}, {"continue_final_message": True}):
+        r = c.post("/v1/chat/completions", json={**body, **extra})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == want.text and want.text.startswith(" Paris")
+        assert r.json()["usage"]["prompt_tokens"] == len(want.prompt_ids)
+    prompt = c.post("/apply-template", json={"messages": [q, a]}).json()["prompt"]
+    assert prompt.endswith("<|im_start|>assistant\nThe capital of France is")
+    closed = c.post("/apply-template", json={"messages": [q, a], "continue_final_message": False}).json()["prompt"]
+    assert closed.endswith("The capital of France is<|im_end|>\n<|im_start|>assistant\n")
+    err = _error(c.post("/v1/chat/completions", json={**body, "messages": [q], "continue_final_message": True}))
+    assert err["param"] == "messages.0" and "must be an assistant message" in err["message"]
+    assert _error(c.post("/v1/chat/completions", json={**body, "continue_final_message": "yes"}))["param"] \
+        == "continue_final_message"
+    with _serving(ServerState(lambda: state.llm, aliases=[MODEL], prefill_assistant=False), 60) as c2:
+        assert c2.post("/apply-template", json={"messages": [q, a]}).json()["prompt"] == closed
+        assert c2.post("/apply-template", json={"messages": [q, a], "continue_final_message": True}).json()[
+            "prompt"] == prompt
+
+
+def test_no_prefill_assistant_flag_parses():
+    from pyminfer.cli import build_parser
+
+    ap = build_parser()
+    assert ap.parse_args(["serve", "--no-prefill-assistant"]).no_prefill_assistant is True
+    assert ap.parse_args(["serve"]).no_prefill_assistant is False
