@@ -233,6 +233,9 @@ class LLM:
         if msgs[last]["role"] != "assistant" or msgs[last].get("tool_calls"):
             raise MessageError(f"continue_final_message: the last message (messages[{last}]) must be an assistant "
                                "message with text and no tool_calls: the answer to continue", f"messages.{last}")
+        if last > 0 and msgs[last - 1]["role"] == "assistant":  # as llama.cpp's server refuses it
+            raise MessageError(f"continue_final_message: messages[{last - 1}] and messages[{last}] are both assistant "
+                               "messages; only one, the last, can be the answer to continue", f"messages.{last - 1}")
         marker = "PyminferPrefillMarker7c1f"
         text = self.tokenizer.apply_chat_template(msgs[:last] + [{**msgs[last], "content": marker}],
                                                   add_generation_prompt=False)
@@ -260,7 +263,8 @@ class LLM:
 
         Args:
             prompt: text (special tokens parsed, BOS added when the model wants it) or token ids.
-            max_tokens: most tokens to generate (0: none); None or -1 (as the CLI's -n -1 and the
+            max_tokens: most tokens to generate (0: none, though with cache_prompt the prompt is
+                still evaluated into the KV cache, a warm-up as llama.cpp's server does); None or -1 (as the CLI's -n -1 and the
                 server's n_predict -1): no limit, generate until an end-of-generation
                 token, a stop string or a full context (stop_reason 'context'), as in llama-cpp-python.
             temperature: <= 0 is greedy (deterministic). top_k (<= 0 off), top_p, min_p,
@@ -337,7 +341,7 @@ class LLM:
         for name, v in (("prefix", prefix), ("suffix", suffix), ("prompt", prompt)):
             if not isinstance(v, str):
                 raise TypeError(f"{name} must be str, got {type(v).__name__}")
-        chunks = list(extra)
+        chunks = list(extra if extra is not None else ())
         for i, c in enumerate(chunks):
             if not isinstance(c, InfillChunk):
                 raise TypeError(f"extra[{i}] must be a pyminfer.InfillChunk, got {type(c).__name__}")
@@ -416,11 +420,15 @@ class LLM:
             generated: list[int] = []
             res = None
             try:
+                # max_tokens 0 with the cache on: the prompt is evaluated all the same (warm-up)
+                warm = max_tokens == 0 and cache_prompt
                 for ch in generate_stream(self.model, ids, params, max_tokens, draft=self._draft,
                                           spec_draft_n=self.spec_draft_n, spec_adaptive=self.spec_adaptive,
-                                          spec_ngram=self.spec_ngram, n_past=n_past, draft_n_past=dn):
+                                          spec_ngram=self.spec_ngram, n_past=n_past, draft_n_past=dn, warm=warm):
                     generated.extend(ch.token_ids)
                     res = ch.result or res
+                    if ch.result is not None and warm:
+                        self._cache_ids = list(ids)  # every prompt position's K/V is in the cache now
                     yield ch
             finally:
                 if generated:

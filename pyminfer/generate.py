@@ -90,7 +90,7 @@ class PlainDecoder:
 def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int, *,
                     draft: Model | None = None, spec_draft_n: int = 4, spec_adaptive: bool = False,
                     spec_ngram: NgramSpec | None = None, n_past: int = 0, draft_n_past: int = 0,
-                    skip_special: bool = True) -> Iterator[Chunk]:
+                    skip_special: bool = True, warm: bool = False) -> Iterator[Chunk]:
     """Generate up to ``max_tokens`` tokens after ``prompt_ids``, yielding text chunks.
 
     With ``draft`` and/or ``spec_ngram`` (n-gram drafts, pyminfer.ngram) the tokens come from
@@ -100,6 +100,9 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     prompt positions whose K/V are already in the target's / draft's cache (multi-turn chat).
     Every generated id appears in exactly one chunk's token_ids (text may be "" while a UTF-8
     character or a possible stop string is incomplete).
+    ``warm`` with ``max_tokens`` 0: the prompt is still evaluated into the target's KV cache (from
+    n_past on) and nothing is generated, so that a later generation sharing the prompt reuses it
+    (llama.cpp's server does this for n_predict 0: an editor's cache warm-up).
     """
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty (no tokens): give some text")
@@ -125,6 +128,10 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     text_parts: list[str] = []
     finish, reason = "length", "max_tokens"
     t_start = time.perf_counter()
+    warm_stats: dict[str, Any] = {}
+    if max_tokens == 0 and warm:
+        model.prefill(list(prompt_ids[n_past:]), n_past, logits=False)
+        warm_stats = {"prefill_s": time.perf_counter() - t_start, "prefill_tokens": len(prompt_ids) - n_past}
     if max_tokens == 0:
         src: Any = iter(())
     elif speculative:
@@ -166,7 +173,7 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
             text_parts.append(tail)
             yield Chunk(tail, [])
     total = time.perf_counter() - t_start
-    st = dict(dec.stats)
+    st = {**dec.stats, **warm_stats}
     timings = {
         "load_s": model.load_time,
         "prefill_s": st.get("prefill_s", 0.0),

@@ -311,10 +311,9 @@ class CompletionRequest(_GenRequest):
     suffix: Optional[str] = None
 
 
-class InfillExtra(BaseModel):
-    """One chunk of /infill's input_extra (llama.cpp's {"filename": string, "text": string})."""
-
-    model_config = ConfigDict(extra="forbid")
+class InfillExtra(_Request):
+    """One chunk of /infill's input_extra (llama.cpp's {"filename": string, "text": string}; other
+    keys, such as llama.vim's "time", are ignored as there; null filename: the default)."""
 
     text: str
     filename: str = "tmp"
@@ -329,6 +328,12 @@ class InfillRequest(_GenRequest):
     input_extra: List[InfillExtra] = []
     prompt: str = ""
 
+    def check(self) -> None:
+        if _nonempty((self.model_extra or {}).get("suffix")):  # OpenAI's name for input_suffix: not ignored
+            raise APIError(400, "suffix is /v1/completions' field: /infill takes the text after the gap as "
+                           "input_suffix", param="suffix", code="invalid_value")
+        super().check()
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -342,6 +347,10 @@ class ChatRequest(_GenRequest):
     # vLLM's: true, the last (assistant) message is continued; false, answered with a new turn;
     # absent: the server's default (llama.cpp's assistant prefill, unless --no-prefill-assistant)
     continue_final_message: Optional[Bool] = None
+    # vLLM's and llama.cpp's: false renders the messages without the assistant's opening; absent:
+    # true (or, with a continued final message, moot); true together with continue_final_message
+    # true is a 400, as in vLLM
+    add_generation_prompt: Optional[Bool] = None
 
     def check(self) -> None:
         if _nonempty((self.model_extra or {}).get("suffix")):  # refused before FIM existed: still not ignored
@@ -870,7 +879,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             raise APIError(400, f"{param}: {e}", param=param, code="unsupported_parameter") from None
         except ValueError as e:
             raise APIError(400, str(e), param=param) from None
-        check_prompt(llm, ids, param=param)
+        # the other pieces are cut to fit: only the prompt (/infill's) can make the whole too long
+        check_prompt(llm, ids, param="prompt" if prompt else param)
         return ids
 
     def max_tokens(req: _GenRequest, default: int | None) -> int | None:
@@ -887,9 +897,11 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         A non-empty suffix: one text prompt, the text before the gap (fim_prompt)."""
         p = req.prompt
         if req.suffix:
+            if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):  # a batch of one
+                p = p[0]
             if not isinstance(p, str):
                 raise APIError(400, "suffix (fill-in-the-middle) needs one text prompt: the text before the gap",
-                               param="prompt")
+                               param="prompt", code="invalid_value")
             return [fim_prompt(llm, p, req.suffix, n=max_tokens(req, None), param="suffix", unsupported=400)]
         if not (isinstance(p, list) and len(p) > 1 and isinstance(p[0], (str, list))
                 and all(isinstance(x, type(p[0])) for x in p)):
@@ -989,12 +1001,18 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         with text and no tool calls); ids: as token ids, special tokens parsed. 500 for a template
         that fails (the model's fault), 400 for a message it cannot render."""
         msgs = [m.model_dump(exclude_none=True) for m in req.messages]
-        cont = req.continue_final_message
+        cont, agp = req.continue_final_message, req.add_generation_prompt
+        if cont and agp:
+            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true (the last "
+                           "message is either continued or answered)", param="add_generation_prompt",
+                           code="invalid_value")
         if cont is None:
             last = msgs[-1]
-            cont = state.prefill_assistant and last["role"] == "assistant" and not last.get("tool_calls")
+            cont = (agp is None and state.prefill_assistant and last["role"] == "assistant"
+                    and not last.get("tool_calls"))
         try:
-            text = llm.apply_chat_template(msgs, add_generation_prompt=True, continue_final_message=cont)
+            text = llm.apply_chat_template(msgs, add_generation_prompt=agp is not False,
+                                           continue_final_message=cont)
             return llm.tokenize(text, parse_special=True) if ids else text
         except ChatTemplateError as e:  # the model's fault, not the request's
             raise APIError(500, str(e), type="server_error", code="chat_template_error") from None

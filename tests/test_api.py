@@ -83,6 +83,9 @@ def test_chat_continue_final_message(llm):
                                                                   "function": {"name": "f", "arguments": "{}"}}]}
     with pytest.raises(MessageError, match="no tool_calls"):
         llm.apply_chat_template([q, call], continue_final_message=True)
+    with pytest.raises(MessageError, match="both assistant messages"):
+        llm.apply_chat_template([q, {"role": "assistant", "content": "A"}, {"role": "assistant", "content": "B"}],
+                                continue_final_message=True)
     with pytest.raises(TypeError, match="continue_final_message"):
         llm.chat([q], continue_final_message="yes")
 

@@ -31,10 +31,10 @@ def test_qwen_repo_level_layout(qtok):
     ids = infill_ids(qtok, PREFIX, SUFFIX, extra=extra, prompt="return", n_ctx=4096, n_predict=16)
     want = ([f["rep"]] + enc(qtok, "myproject\n") + [f["sep"]] + enc(qtok, "a.py\n") + enc(qtok, "x = 1\n")
             + [f["sep"]] + enc(qtok, "tmp\n") + enc(qtok, "y = 2\n") + [f["sep"]] + enc(qtok, "filename\n")
-            + [f["pre"]] + enc(qtok, PREFIX) + [f["suf"]] + enc(qtok, SUFFIX) + [f["mid"]] + enc(qtok, "return"))
-    assert ids == want
-    assert qtok.decode(ids).endswith("<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n\nprint(add(1, 2))\n"
-                                     "<|fim_middle|>return")
+            + [f["pre"]] + enc(qtok, PREFIX) + enc(qtok, "return") + [f["suf"]] + enc(qtok, SUFFIX) + [f["mid"]])
+    assert ids == want  # the prompt ends the prefix, where llama.cpp's format_infill puts it
+    assert qtok.decode(ids).endswith("<|fim_prefix|>def add(a, b):\n    return<|fim_suffix|>\n\nprint(add(1, 2))\n"
+                                     "<|fim_middle|>")
 
 
 def test_marker_text_in_code_stays_text(qtok):
@@ -52,7 +52,7 @@ def test_long_inputs_are_cut_as_llama_cpp_cuts_them(qtok):
     extra = [InfillChunk("c = 3\n" * 200, "c.py")]
     ids = infill_ids(qtok, "a = 1\n" * 200, "b = 2\n" * 200, extra=extra, prompt="x", n_ctx=256, n_predict=20)
     i_pre, i_suf, i_mid = ids.index(f["pre"]), ids.index(f["suf"]), ids.index(f["mid"])
-    assert ids[i_pre + 1:i_suf] == pre[-96:]
+    assert ids[i_pre + 1:i_suf] == pre[-96:] + enc(qtok, "x")
     assert ids[i_suf + 1:i_mid] == suf[:32 - 2 - 1]
     full_extra = ([f["rep"]] + enc(qtok, "myproject\n") + [f["sep"]] + enc(qtok, "c.py\n") + enc(qtok, "c = 3\n" * 200)
                   + [f["sep"]] + enc(qtok, "filename\n"))
@@ -98,6 +98,13 @@ def test_llm_infill_bad_arguments(qllm, smol_path):
         qllm.infill(b"def f():")
     with pytest.raises(TypeError, match=r"extra\[0\] must be a pyminfer.InfillChunk"):
         qllm.infill(PREFIX, SUFFIX, extra=[("a.py", "x = 1")])
+    with pytest.raises(TypeError, match="InfillChunk.filename must be str, got NoneType"):
+        InfillChunk("x = 1", None)
+    with pytest.raises(ValueError, match=r"^extra\[1\]\.text: "):
+        qllm.infill(PREFIX, SUFFIX, extra=[InfillChunk("a"), InfillChunk("b \ud800")], max_tokens=1)
+    with pytest.raises(ValueError, match="^suffix: "):
+        qllm.infill(PREFIX, "\udfff", max_tokens=1)
+    assert qllm.infill(PREFIX, SUFFIX, extra=None, max_tokens=0).generated_ids == []
     with LLM(smol_path, device="cpu", n_ctx=128) as smol:
         with pytest.raises(InfillUnsupportedError):
             smol.infill(PREFIX, SUFFIX, max_tokens=1)

@@ -1177,8 +1177,8 @@ def test_fim_refused_for_a_model_without_fim_tokens(local):
                                                       "suffix": "x", "max_tokens": 1}))
     assert err["param"] == "suffix" and err["code"] == "unsupported_parameter"
     for body in ({"input_prefix": 5}, {"input_extra": "x"}, {"input_extra": [{"text": 5}]},
-                 {"input_extra": [{"text": "x", "name": "a.py"}]}, {"input_extra": [{"filename": "a.py"}]},
-                 {"prompt": [1, 2]}):
+                 {"input_extra": [{"filename": "a.py"}]}, {"input_extra": [{"text": "x", "filename": 3}]},
+                 {"prompt": [1, 2]}, {"suffix": "x"}):
         err = _error(c.post("/infill", json={"input_suffix": "", **body}))
         assert err["param"] and err["param"].split(".")[0] in body, (body, err)
 
@@ -1198,6 +1198,7 @@ def qwen_app(qwen05_path):
 def test_infill_writes_the_middle(qwen_app):
     """/infill (llama.cpp's shape, also streamed) and a /v1/completions suffix give the same greedy
     middle for the same FIM prompt; a prefix far longer than the context is cut, not refused."""
+    from pyminfer import InfillChunk
     from pyminfer.infill import infill_ids
 
     c, llm = qwen_app
@@ -1220,6 +1221,30 @@ def test_infill_writes_the_middle(qwen_app):
     long = c.post("/infill", json={**body, "input_prefix": "x = 1\n" * 500 + FIM_PREFIX,
                                    "input_extra": [{"filename": "b.py", "text": "y = 2\n" * 500}]})
     assert long.status_code == 200 and long.json()["tokens_evaluated"] < 256, long.text
+    err = _error(c.post("/infill", json={**body, "prompt": "q = 1\n" * 300}))  # only the prompt is not cut
+    assert err["param"] == "prompt" and err["code"] == "context_length_exceeded"
+    # llama.vim's chunks carry a "time" key; a null filename is the default; a one-prompt batch takes a suffix
+    extra = [{"filename": "a.py", "text": "import os\n", "time": 123}, {"filename": None, "text": "x = 1\n"}]
+    r = c.post("/infill", json={**body, "input_extra": extra})
+    want = infill_ids(llm.tokenizer, FIM_PREFIX, FIM_SUFFIX, n_ctx=256, n_predict=6,
+                      extra=[InfillChunk("import os\n", "a.py"), InfillChunk("x = 1\n")])
+    assert r.status_code == 200 and r.json()["tokens_evaluated"] == len(want), r.text
+    one = c.post("/v1/completions", json={"prompt": [FIM_PREFIX], "suffix": FIM_SUFFIX, "max_tokens": 6,
+                                          "temperature": 0}).json()
+    assert one["choices"][0]["text"] == out["content"]
+
+
+def test_n_predict_0_warms_the_cache(local):
+    """n_predict 0 (llama.cpp's cache warm-up, as editor plugins send it): nothing is generated but
+    the prompt is evaluated, so the next request sharing it prefills only the rest."""
+    c, _ = local
+    p = " ".join(["The quick brown fox jumps over the lazy dog."] * 3)
+    c.post("/completion", json={"prompt": "Unrelated.", "n_predict": 1})
+    w = c.post("/completion", json={"prompt": p, "n_predict": 0}).json()
+    assert w["content"] == "" and w["tokens_predicted"] == 0 and w["timings"]["prompt_n"] == w["tokens_evaluated"]
+    r = c.post("/completion", json={"prompt": p + " And then", "n_predict": 1}).json()
+    assert r["tokens_cached"] == w["tokens_evaluated"] and r["timings"]["prompt_n"] == r["tokens_evaluated"] \
+        - w["tokens_evaluated"], r
 
 
 def test_apply_template_and_v1_health(local):
@@ -1262,6 +1287,19 @@ def test_assistant_prefill(local):
     assert err["param"] == "messages.0" and "must be an assistant message" in err["message"]
     assert _error(c.post("/v1/chat/completions", json={**body, "continue_final_message": "yes"}))["param"] \
         == "continue_final_message"
+    # vLLM's add_generation_prompt: false renders the closed conversation; with continue true, moot;
+    # both true is a 400; two assistant messages at the end cannot be continued (llama.cpp)
+    bare = c.post("/apply-template", json={"messages": [q, a], "add_generation_prompt": False}).json()["prompt"]
+    assert bare == closed[:-len("<|im_start|>assistant\n")]
+    assert c.post("/apply-template", json={"messages": [q, a], "add_generation_prompt": False,
+                                           "continue_final_message": True}).json()["prompt"] == prompt
+    err = _error(c.post("/apply-template", json={"messages": [q, a], "add_generation_prompt": True,
+                                                 "continue_final_message": True}))
+    assert err["param"] == "add_generation_prompt"
+    assert c.post("/apply-template", json={"messages": [q, a], "add_generation_prompt": True}).json()["prompt"] \
+        == closed
+    err = _error(c.post("/v1/chat/completions", json={**body, "messages": [q, a, a]}))
+    assert err["param"] == "messages.1" and "both assistant messages" in err["message"]
     with _serving(ServerState(lambda: state.llm, aliases=[MODEL], prefill_assistant=False), 60) as c2:
         assert c2.post("/apply-template", json={"messages": [q, a]}).json()["prompt"] == closed
         assert c2.post("/apply-template", json={"messages": [q, a], "continue_final_message": True}).json()[
