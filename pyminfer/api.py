@@ -264,8 +264,8 @@ class LLM:
         Args:
             prompt: text (special tokens parsed, BOS added when the model wants it) or token ids.
             max_tokens: most tokens to generate (0: none, though with cache_prompt the prompt is
-                still evaluated into the KV cache, a warm-up as llama.cpp's server does); None or -1 (as the CLI's -n -1 and the
-                server's n_predict -1): no limit, generate until an end-of-generation
+                still evaluated into the KV cache, a warm-up as llama.cpp's server does); None or -1
+                (as the CLI's -n -1 and the server's n_predict -1): no limit, generate until an end-of-generation
                 token, a stop string or a full context (stop_reason 'context'), as in llama-cpp-python.
             temperature: <= 0 is greedy (deterministic). top_k (<= 0 off), top_p, min_p,
                 repeat_penalty (1.0 off) over the last repeat_last_n tokens (-1: all): llama.cpp's samplers.
@@ -330,9 +330,10 @@ class LLM:
         FIM tokens, such as Qwen2.5-Coder), as llama.cpp's server's /infill.
 
         ``extra``: other files' text (``pyminfer.InfillChunk(text, filename)``), placed before the
-        prefix; ``prompt``: text that starts the middle (after the FIM middle token; not in the
-        result). The prompt is built as token ids by :func:`pyminfer.infill.infill_ids` (FIM markers
-        in the inputs' text stay text; long inputs cut as llama.cpp cuts them); ``kw`` are
+        prefix; ``prompt``: text that ends the prefix (the start of the cursor's line, as editor
+        plugins send it to llama.cpp's server; not in the result). The prompt is built as token
+        ids by :func:`pyminfer.infill.infill_ids` (FIM markers in the inputs' text stay text; long
+        inputs cut as llama.cpp cuts them); ``kw`` are
         :meth:`generate`'s (``max_tokens`` defaults to 128 as there). Returns what :meth:`generate`
         returns. Raises pyminfer.infill.InfillUnsupportedError (a ValueError) for a model without
         FIM prefix / suffix / middle tokens, TypeError for inputs that are not str, and what

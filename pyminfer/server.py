@@ -321,7 +321,7 @@ class InfillExtra(_Request):
 
 class InfillRequest(_GenRequest):
     """llama.cpp's /infill: the text before and after the gap, other files' text, and text that
-    starts the middle (``prompt``, after the FIM middle token); every /completion option."""
+    ends the prefix (``prompt``: pyminfer.infill); every /completion option."""
 
     input_prefix: str = ""
     input_suffix: str = ""
@@ -1083,7 +1083,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
     @app.post("/infill")
     async def infill(request: Request) -> Any:
         """llama.cpp's fill-in-the-middle endpoint: input_prefix / input_suffix around the gap,
-        input_extra ([{"filename", "text"}]) before them, prompt after the middle token
+        input_extra ([{"filename", "text"}]) before them, prompt at the end of the prefix
         (pyminfer.infill); the answer (the middle) as /completion gives it. 501 for a model
         without FIM tokens."""
         req = await _parse(request, InfillRequest)
