@@ -69,7 +69,8 @@ class LLM:
         draft_model: optional draft model (path or name) for speculative decoding; its vocabulary
             must match the target's.
         device: "auto" (CUDA when visible), "cuda" or "cpu".
-        n_ctx: context size in tokens (default min(4096, the model's trained context)).
+        n_ctx: context size in tokens (default min(4096, the model's trained context); 0: the
+            trained context, as llama-cpp-python's n_ctx=0).
         n_threads: CPU threads (0: all cores).
         spec_draft_n: draft tokens per speculative round (0..8; checked with or without a draft).
         spec_adaptive: choose the draft depth each round (needs draft_model).

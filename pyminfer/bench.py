@@ -198,9 +198,14 @@ def main_bench(args: argparse.Namespace) -> int:
     need = _positions_needed(args, curve_depth, spec=bool(args.spec_draft) or ngram is not None)
     if need > INT_MAX:  # the core's n_ctx is a C int
         raise ValueError(f"-p/-n/-d: these tests need {need} context positions, more than the core's {INT_MAX}")
-    if args.ctx_size is not None and args.ctx_size < need:
+    if args.ctx_size and args.ctx_size < need:  # (-c 0: the trained context, checked once it is known)
         raise ValueError(f"-c {args.ctx_size} is too small for these tests (they need {need} positions)")
-    m = Model(path, device=args.device, n_ctx=args.ctx_size or max(need, 512), n_threads=args.threads, max_nt=max_nt)
+    m = Model(path, device=args.device, n_ctx=max(need, 512) if args.ctx_size is None else args.ctx_size,
+              n_threads=args.threads, max_nt=max_nt)
+    if m.n_ctx < need:
+        m.close()
+        raise ValueError(f"-c 0: the trained context ({m.n_ctx}) is too small for these tests (they need {need} "
+                         "positions)")
     info = {"model": path.name, "size_GiB": m.gguf.weight_bytes / 2**30, "type": m.gguf.file_type, "device": m.device}
     if args.spec_draft or ngram is not None:
         d = Model(resolve_model(args.spec_draft), device=args.device, n_ctx=m.n_ctx, n_threads=args.threads,

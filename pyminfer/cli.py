@@ -34,7 +34,7 @@ def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 
                    help="where the model runs (default auto: CUDA when a GPU is visible, else the CPU)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=None,
-                   help=f"context size n_ctx, 1..{INT_MAX} (default min(4096, trained))")
+                   help=f"context size n_ctx, 0..{INT_MAX} (default min(4096, trained); 0: the trained context)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
                    help=f"most tokens per forward, at most max(n_ctx, 16); prompts are evaluated in chunks of N "
                         f"(default {ub_default})")
@@ -136,8 +136,8 @@ def _check_common(args: argparse.Namespace) -> None:
     ncpu = os.cpu_count() or 1
     if args.threads > 4 * ncpu:
         raise ValueError(f"--threads {args.threads} is more than 4x this machine's {ncpu} cores (0: all cores)")
-    if args.ctx_size is not None and not 1 <= args.ctx_size <= INT_MAX:
-        raise ValueError(f"-c/--ctx-size must be in 1..{INT_MAX}, got {args.ctx_size}")
+    if args.ctx_size is not None and not 0 <= args.ctx_size <= INT_MAX:
+        raise ValueError(f"-c/--ctx-size must be in 0..{INT_MAX} (0: the model's trained context), got {args.ctx_size}")
     if args.ubatch_size is not None and not 1 <= args.ubatch_size <= INT_MAX:
         raise ValueError(f"-ub/--ubatch-size must be in 1..{INT_MAX}, got {args.ubatch_size}")
     if getattr(args, "n_predict", 0) < -1:  # run and chat; checked here so chat refuses it before loading

@@ -48,14 +48,15 @@ class Model:
 
     Args:
         path: GGUF file.  device: 'auto' (CUDA when visible), 'cuda' or 'cpu'.
-        n_ctx: KV cache positions (default min(4096, n_ctx_train)).  n_threads: CPU threads
+        n_ctx: KV cache positions (default min(4096, n_ctx_train); 0: n_ctx_train, the context the
+        model was trained on, as llama.cpp's -c 0 and llama-cpp-python's n_ctx=0).  n_threads: CPU threads
         (0: all cores).  max_nt: most tokens per native forward (prefill is chunked to it; default
         DEFAULT_MAX_NT of the device, 512 on CUDA and 64 on the CPU; any value is capped at
         max(n_ctx, 16), as llama.cpp caps n_batch at n_ctx: no forward can be wider; scratch memory
         grows with it).
         n_layer: use only the first n_layer blocks (a truncated self-draft; tests and experiments).
     Raises:
-        FileNotFoundError, GGUFError (bad file / arch / type / contradictory metadata), ValueError (n_ctx < 1,
+        FileNotFoundError, GGUFError (bad file / arch / type / contradictory metadata), ValueError (n_ctx < 0,
         n_threads < 0, max_nt < 1, tokenizer ids outside the vocabulary), TypeError (n_ctx, n_threads or
         max_nt not an int: a bool or a float is refused too),
         RuntimeError (device), MemoryError.
@@ -80,9 +81,11 @@ class Model:
         self.tokenizer = Tokenizer.from_gguf(self.gguf.path)  # its errors name the file
         if n_ctx is None:
             n_ctx = min(4096, self.config.n_ctx_train)
+        elif n_ctx == 0:  # llama.cpp's "0 = from the model"
+            n_ctx = self.config.n_ctx_train
         # the native core takes C ints: past INT_MAX the conversion would raise OverflowError
         if not 1 <= n_ctx <= INT_MAX:
-            raise ValueError(f"n_ctx must be in 1..{INT_MAX}, got {n_ctx}")
+            raise ValueError(f"n_ctx must be in 0..{INT_MAX} (0: the trained context), got {n_ctx}")
         if not 0 <= n_threads <= INT_MAX:
             raise ValueError(f"n_threads must be in 0..{INT_MAX} (0: all cores), got {n_threads}")
         if max_nt is not None and (isinstance(max_nt, bool) or not isinstance(max_nt, (int, np.integer))):

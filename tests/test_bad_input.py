@@ -551,8 +551,8 @@ def test_tokenize_and_synth_report_corrupt_ggufs(tmp_path, smol_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["run", "-p", "hi", "-c", "2147483648"], "-c/--ctx-size must be in 1..2147483647"),
-    (["run", "-p", "hi", "-c", "0"], "-c/--ctx-size must be in 1..2147483647"),
+    (["run", "-p", "hi", "-c", "2147483648"], "-c/--ctx-size must be in 0..2147483647"),
+    (["run", "-p", "hi", "-c", "-1"], "-c/--ctx-size must be in 0..2147483647"),
     (["bench", "-p", "2147483648", "-n", "0"], "more than the core's 2147483647"),
     (["bench", "-p", "0", "-n", "2147483640"], "more than the core's 2147483647"),
     (["chat", "-n", "-5"], "-n/--n-predict must be >= -1"),
@@ -611,8 +611,21 @@ def test_ubatch_size(smol_path):
 
 
 def test_model_n_ctx_past_int_max(smol_path):
-    with pytest.raises(ValueError, match="n_ctx must be in 1..2147483647"):
-        Model(smol_path, device="cpu", n_ctx=2**31)
+    for bad in (2**31, -1):
+        with pytest.raises(ValueError, match=r"n_ctx must be in 0..2147483647 \(0: the trained context\)"):
+            Model(smol_path, device="cpu", n_ctx=bad)
+
+
+def test_n_ctx_0_is_the_trained_context(smol_path):
+    """-c 0 / n_ctx=0: the context the model was trained on (llama.cpp's "0 = from model",
+    llama-cpp-python's n_ctx=0); the CLI takes it."""
+    m = Model(smol_path, device="cpu", n_ctx=0)
+    try:
+        assert m.n_ctx == m.config.n_ctx_train == 8192
+    finally:
+        m.close()
+    r = _cli("run", "-m", str(smol_path), "--device", "cpu", "-c", "0", "-p", "Hi", "-n", "1", "--temp", "0")
+    assert r.returncode == 0, r.stderr
 
 
 def test_file_type_is_general_file_type(tmp_path, smol_path):

@@ -49,6 +49,9 @@ def test_depth(smol_path, flag):
     assert [r["test"] for r in rows] == ["pp8 @ d40", "tg2 @ d40"] and all(r["mean"] > 0 for r in rows)
     small = bench("-m", str(smol_path), "-p", "30", "-n", "2", "-r", "1", flag, "40", "-c", "64", ok=False)
     assert small.returncode == 1 and "-c 64 is too small for these tests (they need 86 positions)" in small.stderr
+    # -c 0: the trained context (8,192 for SmolLM2), checked once it is known
+    trained = bench("-m", str(smol_path), "-p", "9000", "-n", "0", "-r", "1", flag, "40", "-c", "0", ok=False)
+    assert trained.returncode == 1 and "-c 0: the trained context (8192) is too small" in trained.stderr
 
 
 def test_verify_curve(smol_path):
