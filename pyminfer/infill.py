@@ -19,9 +19,9 @@ separator does), and without a file separator each chunk's text follows a
 ``\\n\\n--- snippet ---\\n\\n`` line. Long inputs are cut as llama.cpp cuts them for its batch of
 2,048 tokens (here half of n_ctx where that is less, so a small context still has room to answer):
 the prefix keeps its last 3/4 of the batch, the suffix its first 1/4 less the prompt and two
-markers, and the extra context its last tokens that fit in what n_ctx
-leaves after the rest and twice the token limit (half a batch when there is no limit; at least one
-position). Only a ``prompt`` longer than that can make the whole too long for n_ctx.
+markers, and the extra context its last tokens that fit in what n_ctx leaves after the rest and
+twice the token limit (half a batch when there is no limit; at least one position). Only a
+``prompt`` longer than that can make the whole too long for n_ctx.
 """
 
 from __future__ import annotations
@@ -82,11 +82,9 @@ def infill_ids(tok: Tokenizer, prefix: str, suffix: str, *, extra: Sequence[Infi
     extra_ids: list[int] = []
     if rep is not None:
         extra_ids += [rep] + enc("myproject\n", "repository name")
+    snippet = enc(_SNIPPET, "snippet line") if sep is None else []  # the same line before every chunk
     for i, chunk in enumerate(extra):
-        if sep is not None:
-            extra_ids += [sep] + enc(chunk.filename + "\n", f"extra[{i}].filename")
-        else:
-            extra_ids += enc(_SNIPPET, "snippet line")
+        extra_ids += [sep] + enc(chunk.filename + "\n", f"extra[{i}].filename") if sep is not None else snippet
         extra_ids += enc(chunk.text, f"extra[{i}].text")
     if sep is not None:
         extra_ids += [sep] + enc("filename\n", "file name")
