@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence, Union
 from .generate import Chunk, GenerationResult, generate_stream
 from .infill import InfillChunk, infill_ids
 from .ngram import NgramSpec
-from .sampling import SamplingParams
+from .sampling import SamplingParams, parse_samplers
 from .tokenizer import ChatTemplateError, check_unicode
 
 __all__ = ["LLM", "Chunk", "GenerationResult", "Prompt", "ChatTemplateError", "MessageError", "ROLES"]
@@ -259,7 +259,8 @@ class LLM:
     def generate(self, prompt: Prompt, *, max_tokens: int | None = 128, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: int | None = None, stop: str | Sequence[str] | None = None,
-                 stream: bool = False, cache_prompt: bool = True) -> GenerationResult | Iterator[Chunk]:
+                 stream: bool = False, cache_prompt: bool = True, samplers: str | Sequence[str] | None = None,
+                 n_indent: int = 0, t_max_predict_ms: float = 0.0) -> GenerationResult | Iterator[Chunk]:
         """Complete ``prompt``.
 
         Args:
@@ -275,6 +276,16 @@ class LLM:
                 stream and cache_prompt a bool (a str such as "no" is a TypeError, not true).
             seed: RNG seed (None or negative: random).  stop: a string or strings that end the text
                 (not included).
+            samplers: llama.cpp's sampler chain, in order: names ("penalties", "top_k", "top_p",
+                "min_p", "temperature", "infill"; "dry", "typ_p", "xtc", "top_n_sigma" do nothing) or
+                their one-letter codes ("ekpmti..."); None: penalties, top_k, top_p, min_p,
+                temperature. A setting whose sampler is not in the chain has no effect (no
+                "temperature": the draw is at temperature 1), as in llama.cpp. "infill" (llama.cpp's
+                sampler for fill-in-the-middle editors, pyminfer.sampling) needs top_k 1..1024 before it.
+            n_indent: > 0: a line after the first that starts with fewer spaces / tabs ends the
+                text before its first character (stop_reason 'indent'), as llama.cpp's n_indent.
+            t_max_predict_ms: > 0: past that many ms after the first token, the next token bringing a
+                newline ends the text (stop_reason 'time'), as llama.cpp's.
             stream: return an iterator of Chunk (``.text``, ``.token_ids``; the last one has ``.text == ""``
                 and ``.result``) instead of the GenerationResult.
             cache_prompt: reuse the K/V of the longest prefix this prompt shares with the last
@@ -286,7 +297,8 @@ class LLM:
 
         Returns:
             GenerationResult: ``text``, ``prompt_ids``, ``generated_ids``, ``finish_reason`` ('stop' or
-            'length'), ``stop_reason`` ('eos', 'stop_string', 'max_tokens', 'context'), ``timings``
+            'length'), ``stop_reason`` ('eos', 'stop_string', 'max_tokens', 'context', 'indent',
+            'time'), ``timings``
             (prefill/decode seconds and tokens/s), ``spec`` (speculative statistics or None).
 
         Raises:
@@ -300,7 +312,8 @@ class LLM:
         """
         ids = self.prompt_ids(prompt)
         stream, cache_prompt = _boolean("stream", stream), _boolean("cache_prompt", cache_prompt)
-        params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop)
+        params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop,
+                              samplers, n_indent, t_max_predict_ms)
         if max_tokens is not None:
             max_tokens = _integer("max_tokens", max_tokens)
             if max_tokens < -1:
@@ -366,7 +379,9 @@ class LLM:
         return self.generate(text, **kw)
 
     def _params(self, temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
-                repeat_last_n: int, seed: int | None, stop: str | Sequence[str] | None) -> SamplingParams:
+                repeat_last_n: int, seed: int | None, stop: str | Sequence[str] | None,
+                samplers: str | Sequence[str] | None = None, n_indent: int = 0,
+                t_max_predict_ms: float = 0.0) -> SamplingParams:
         if stop is None:
             stops: list[str] = []
         elif isinstance(stop, str):
@@ -383,7 +398,9 @@ class LLM:
                            top_p=_real("top_p", top_p), min_p=_real("min_p", min_p),
                            repeat_penalty=_real("repeat_penalty", repeat_penalty),
                            repeat_last_n=_integer("repeat_last_n", repeat_last_n),
-                           seed=None if seed is None else _integer("seed", seed), stop=stops)
+                           seed=None if seed is None else _integer("seed", seed), stop=stops,
+                           samplers=_sampler_chain(samplers), n_indent=_integer("n_indent", n_indent),
+                           t_max_predict_ms=_real("t_max_predict_ms", t_max_predict_ms))
         p.validate()
         return p
 
@@ -498,6 +515,18 @@ def _integer(name: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     return int(v)
+
+
+def _sampler_chain(v: Any) -> tuple[str, ...] | None:
+    """``samplers`` as SamplingParams takes it (ValueError for an unknown name, TypeError for a
+    value that is neither a str nor a list of str)."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return parse_samplers(v)
+    if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+        return parse_samplers(list(v))
+    raise TypeError(f"samplers must be a str or a list of str, got {type(v).__name__}")
 
 
 def _boolean(name: str, v: Any) -> bool:

@@ -89,6 +89,14 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="tokens the penalty looks back over; 0: off, -1: the whole context (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (-1 or absent: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--samplers", default=None, metavar="SAMPLERS",
+                   help="the sampler chain in order, separated by ';', as llama.cpp: penalties, top_k, top_p, "
+                        "min_p, temperature, infill (dry, typ_p, xtc, top_n_sigma do nothing; llama.cpp's other "
+                        "spellings such as top-k or temp too) "
+                        "(default: penalties;top_k;top_p;min_p;temperature)")
+    p.add_argument("--sampling-seq", "--sampler-seq", dest="sampling_seq", default=None, metavar="SEQUENCE",
+                   help="the chain as llama.cpp's letters: e penalties, k top_k, p top_p, m min_p, t temperature, "
+                        "i infill (default: ekpmt)")
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -126,7 +134,22 @@ def _params(args: argparse.Namespace) -> Any:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
                           seed=None if args.seed is None or args.seed < 0 else args.seed,  # -1: random, as llama.cpp
-                          stop=list(args.stop))
+                          stop=list(args.stop), samplers=_chain(args))
+
+
+def _chain(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """--samplers or --sampling-seq (ValueError for both, or for a name / letter not known)."""
+    from .sampling import parse_samplers
+
+    if args.samplers is not None and args.sampling_seq is not None:
+        raise ValueError("--samplers and --sampling-seq both set the sampler chain: give one")
+    if args.samplers is not None:
+        return parse_samplers([n for n in args.samplers.split(";") if n], alt_names=True)
+    if args.sampling_seq is not None:
+        if ";" in args.sampling_seq:
+            raise ValueError(f"--sampling-seq takes letters (e.g. ekpmt), got {args.sampling_seq!r}")
+        return parse_samplers(args.sampling_seq) if args.sampling_seq else ()
+    return None
 
 
 def _check_common(args: argparse.Namespace) -> None:

@@ -21,8 +21,9 @@ from .tokenizer import StreamDecoder
 class GenerationResult:
     """What one generation produced.
 
-    finish_reason: 'stop' (end-of-generation token or stop string) or 'length' (max_tokens or the
-    context filled up); stop_reason says which: 'eos', 'stop_string', 'max_tokens', 'context'.
+    finish_reason: 'stop' (end-of-generation token or stop string) or 'length' (max_tokens, the
+    context filled up, or one of llama.cpp's limits); stop_reason says which: 'eos', 'stop_string',
+    'max_tokens', 'context', 'indent' (SamplingParams.n_indent), 'time' (t_max_predict_ms).
     timings: load/prefill/decode seconds and tokens/s. spec: speculative statistics or None.
     stop_word: the stop string that ended the text when stop_reason is 'stop_string', else "".
     """
@@ -51,6 +52,34 @@ class Chunk:
     text: str
     token_ids: list[int] = field(default_factory=list)
     result: GenerationResult | None = None
+
+
+class IndentChecker:
+    """llama.cpp's n_indent for generated text: every line after the first must start with at
+    least ``n_indent`` spaces / tabs; the first line that does not (an empty line included: its
+    newline comes first) ends the text just before its first other character (server.cpp
+    process_token, which keeps that line's indentation as here).
+
+    ``push(text)`` returns (the text to keep, stopped?)."""
+
+    def __init__(self, n_indent: int):
+        self.n = n_indent
+        self.col: int | None = None  # spaces / tabs so far on the current line; None: not checking
+
+    def push(self, text: str) -> tuple[str, bool]:
+        if self.n <= 0:
+            return text, False
+        for i, ch in enumerate(text):
+            if self.col is not None:
+                if ch in " \t":
+                    self.col += 1
+                    continue
+                if self.col < self.n:
+                    return text[:i], True
+                self.col = None
+            if ch == "\n":
+                self.col = 0
+        return text, False
 
 
 class PlainDecoder:
@@ -111,7 +140,7 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     if len(prompt_ids) >= model.n_ctx:
         raise ContextFull(f"the prompt has {len(prompt_ids)} tokens; the context holds n_ctx={model.n_ctx} "
                           "(need at least one free position to generate)")
-    sampler = Sampler(params)
+    sampler = Sampler(params, model.tokenizer)
     n_past = max(0, min(n_past, len(prompt_ids) - 1))  # the last prompt token is always evaluated
     speculative = draft is not None or spec_ngram is not None
     if speculative:
@@ -124,6 +153,8 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     tok = model.tokenizer
     sd = StreamDecoder(tok, skip_special=skip_special)
     stopper = StopChecker(params.stop)
+    indent = IndentChecker(params.n_indent)
+    t_first: float | None = None  # when the first token came (llama.cpp's t_start_generation)
     generated: list[int] = []
     text_parts: list[str] = []
     finish, reason = "length", "max_tokens"
@@ -148,26 +179,40 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
                 finish, reason = "length", "context"
                 break
             generated.append(t)
+            if t_first is None:
+                t_first = time.perf_counter()
             if t in tok.eog_ids:
                 finish, reason = "stop", "eos"
                 yield Chunk("", [t])
                 break
             out, stopped = stopper.push(sd.feed(t))
+            out, cut = indent.push(out)
             text_parts.append(out)
             yield Chunk(out, [t])
+            if cut:
+                finish, reason = "length", "indent"
+                break
             if stopped:
                 finish, reason = "stop", "stop_string"
+                break
+            # llama.cpp's t_max_predict_ms: once over time, stop at a token that brings a newline
+            if (params.t_max_predict_ms > 0 and "\n" in out
+                    and time.perf_counter() - t_first > params.t_max_predict_ms / 1000.0):
+                finish, reason = "length", "time"
                 break
     finally:
         close = getattr(src, "close", None)
         if close:
             close()
-    if reason not in ("stop_string",):
+    if reason not in ("stop_string", "indent"):
         # a generation cut mid-character (max_tokens, EOS, full context) leaves incomplete UTF-8
         # bytes: drop them rather than end the text with U+FFFD
         tail, stopped = stopper.push(sd.flush(drop_incomplete=True))
         tail += "" if stopped else stopper.flush()
-        if stopped:
+        tail, cut = indent.push(tail)
+        if cut:
+            finish, reason = "length", "indent"
+        elif stopped:
             finish, reason = "stop", "stop_string"
         if tail:
             text_parts.append(tail)

@@ -44,7 +44,7 @@ from .api import LLM, ChatTemplateError
 from .cli import package_version
 from .generate import Chunk, GenerationResult
 from .infill import InfillChunk, InfillUnsupportedError, infill_ids
-from .sampling import SamplingParams
+from .sampling import DEFAULT_SAMPLERS, SamplingParams
 from .spec import MAX_DEPTH
 from .tokenizer import lone_surrogate
 
@@ -214,18 +214,18 @@ _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "grammar": (_nonempty, "no grammar-constrained output"),
     "json_schema": (_nonempty, "no schema-constrained output"),
     "ignore_eos": (_true, "generation always stops at an end-of-generation token"),
-    "samplers": (_nonempty, "the sampler chain is fixed (repeat penalty, top_k, top_p, min_p, temperature)"),
     "chat_template_kwargs": (_nonempty, "no extra variables are passed to the chat template"),
-    "t_max_predict_ms": (_positive, "no time limit on generation; use max_tokens"),
     "return_tokens": (_true, "the generated token ids are not returned"),
     "post_sampling_probs": (_true, "token probabilities are not computed"),
 }
 # Fields known not to change the output: accepted, ignored, and not warned about.
 _IGNORED = frozenset({
     "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prediction",
-    "id_slot", "n_keep", "n_indent", "min_keep", "mirostat_tau", "mirostat_eta",
+    "id_slot", "n_keep", "min_keep", "mirostat_tau", "mirostat_eta",
     "dynatemp_exponent", "xtc_threshold", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     "dry_sequence_breakers", "timings_per_token", "return_progress",
+    # llama.cpp reads it and does nothing with it ("TODO: implement"); llama.vim sends it
+    "t_max_prompt_ms",
 })
 
 
@@ -253,6 +253,18 @@ class _GenRequest(_Request):
     # prompt + output (LLM.generate's cache_prompt); false: prefill it all
     cache_prompt: Bool = True
     n: Int = Field(default=1, ge=1, le=1)
+    # llama.cpp's sampler chain (pyminfer.sampling): a list of names or a string of one-letter
+    # codes; [] is the empty chain (a draw from the whole distribution), as there; {} (an empty
+    # Lua table as some editor plugins encode it) is the default chain, as there
+    samplers: Optional[Union[List[str], str, dict]] = None
+    # llama.cpp's generation limits for code completion (pyminfer.generate): the least indentation
+    # of lines after the first, and a time limit (ms after the first token, <= 0 none) that ends
+    # the text at the next newline
+    n_indent: Int = Field(default=0, ge=0)
+    t_max_predict_ms: Float = -1.0
+    # llama.cpp's: the non-streamed /completion and /infill answer holds only these fields, a
+    # path such as "timings/prompt_n" naming a nested one (a flat key in the answer)
+    response_fields: Optional[List[str]] = None
     # Unimplemented fields declared for their types (a mistyped value is a 400 that says what the
     # type is); whether a value asks for something is _UNSUPPORTED's business.
     logprobs: Optional[Union[Bool, Int]] = None
@@ -680,13 +692,35 @@ class ServerState:
 
 def _params(req: _GenRequest) -> SamplingParams:
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    samplers = req.samplers
+    if isinstance(samplers, dict):
+        if samplers:
+            raise APIError(400, "samplers must be a list of sampler names or a string of their letters "
+                           "(an empty object stands for the default chain)", param="samplers", code="invalid_value")
+        samplers = None
     p = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
-                       repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n, seed=req.seed, stop=stop)
+                       repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n, seed=req.seed, stop=stop,
+                       samplers=samplers, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms)
     try:
         p.validate()
     except ValueError as e:
-        raise APIError(400, str(e)) from None
+        raise APIError(400, str(e), param="samplers" if "sampler" in str(e) else None) from None
     return p
+
+
+def _pick_fields(paths: list[str], out: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's response_fields (json_get_nested_values): for each path ("a" or "a/b") found
+    in ``out``, the value under the path as a key; paths not found are left out."""
+    picked: dict[str, Any] = {}
+    for path in paths:
+        cur: Any = out
+        for key in path.split("/"):
+            if not isinstance(cur, dict) or key not in cur:
+                break
+            cur = cur[key]
+        else:
+            picked[path] = cur
+    return picked
 
 
 def _usage(n_prompt: int, res: GenerationResult) -> dict[str, Any]:
@@ -796,7 +830,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                 "is_processing": busy,
                 # n_predict -1: until end of generation or a full context (/completion's default);
                 # seed -1: random
-                "params": {"n_predict": -1, "seed": -1, **defaults, "stop": [], "stream": False}},
+                "params": {"n_predict": -1, "seed": -1, **defaults, "stop": [], "stream": False,
+                           "samplers": list(DEFAULT_SAMPLERS), "n_indent": 0, "t_max_predict_ms": -1}},
             "total_slots": 1,
             "model_path": str(llm.model_path),
             "chat_template": llm.tokenizer.chat_template or "",
@@ -1115,16 +1150,19 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             results = []
             for b in batch:
                 res = await _run(state, request, llm, b, params, n, req.cache_prompt)
-                results.append({**final(res, res.text, b), "index": len(results)})
+                out = {**final(res, res.text, b), "index": len(results)}
+                results.append(_pick_fields(req.response_fields, out) if req.response_fields else out)
             return JSONResponse(results)
         res = await _run(state, request, llm, ids, params, n, req.cache_prompt)
-        return JSONResponse(final(res, res.text))
+        out = final(res, res.text)
+        return JSONResponse(_pick_fields(req.response_fields, out) if req.response_fields else out)
 
     return app
 
 
 # llama.cpp's stop_type for each GenerationResult.stop_reason
-_STOP_TYPES = {"eos": "eos", "stop_string": "word", "max_tokens": "limit", "context": "limit"}
+_STOP_TYPES = {"eos": "eos", "stop_string": "word", "max_tokens": "limit", "context": "limit", "indent": "limit",
+               "time": "limit"}
 
 
 def _piece(b: bytes) -> str | list[int]:

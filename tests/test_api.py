@@ -329,3 +329,21 @@ def test_broken_text_part_is_named(llm):
             llm.apply_chat_template(msgs)
     with pytest.raises(MessageError, match="only text parts are supported"):
         llm.apply_chat_template([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_sampler_chain_and_limits_arguments(llm):
+    """samplers / n_indent / t_max_predict_ms as LLM.generate takes them: a chain list or letter
+    string; wrong types are TypeErrors naming the argument, bad values ValueErrors."""
+    base = llm.generate("The capital of France is", max_tokens=4, temperature=0)
+    for chain in (["top_k", "temperature"], "kt", ("penalties", "temperature")):
+        r = llm.generate("The capital of France is", max_tokens=4, temperature=0, samplers=chain)
+        assert r.text == base.text, chain
+    for kw, exc, says in (({"samplers": 5}, TypeError, "samplers must be"), ({"samplers": [1]}, TypeError, "samplers"),
+                          ({"samplers": ["top_k", "nope"]}, ValueError, "unknown sampler 'nope'"),
+                          ({"samplers": ["infill"]}, ValueError, "top_k between"),
+                          ({"n_indent": "4"}, TypeError, "n_indent must be an int"),
+                          ({"n_indent": -1}, ValueError, "n_indent must be >= 0"),
+                          ({"t_max_predict_ms": "1"}, TypeError, "t_max_predict_ms must be a number"),
+                          ({"t_max_predict_ms": float("nan")}, ValueError, "t_max_predict_ms must be finite")):
+        with pytest.raises(exc, match=says):
+            llm.generate("Hi", max_tokens=1, **kw)

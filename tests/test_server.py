@@ -763,8 +763,8 @@ UNIMPLEMENTED = [
     ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("logit_bias", [[15043, 1.0]]),
     ("logit_bias", {"15043": -100}), ("logit_bias", {"15043": 0, "16": 2}), ("logit_bias", [[15043, False]]),
     ("logit_bias", {"--5": 7}),  # token text, not an id: int("--5") was a 500
-    ("dynatemp_range", 0.5), ("top_n_sigma", 1.0), ("samplers", ["top_k"]),
-    ("chat_template_kwargs", {"enable_thinking": False}), ("t_max_predict_ms", 100),
+    ("dynatemp_range", 0.5), ("top_n_sigma", 1.0),
+    ("chat_template_kwargs", {"enable_thinking": False}),
     ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("functions", [{"name": "f"}]), ("function_call", "auto_x"), ("response_format", {"type": "json_object"}),
     ("logprobs", True), ("top_logprobs", 2), ("echo", True), ("best_of", 2),
@@ -801,7 +801,8 @@ def test_neutral_and_harmless_fields_are_accepted(local):
     plain = c.post("/v1/completions", json=base).json()["choices"][0]["text"]
     neutral = {"mirostat": 0, "mirostat_tau": 5.0, "typical_p": 1.0, "tfs_z": 1, "grammar": "", "json_schema": {},
                "ignore_eos": False, "suffix": "", "n_probs": 0, "dry_multiplier": 0.0, "xtc_probability": 0,
-               "logit_bias": [], "tool_choice": "none", "function_call": None, "samplers": [], "top_n_sigma": -1,
+               "logit_bias": [], "tool_choice": "none", "function_call": None, "samplers": {}, "top_n_sigma": -1,
+               "n_indent": 0, "t_max_predict_ms": -1, "t_max_prompt_ms": 500,
                "user": "u1", "metadata": {"a": "b"}, "store": False, "service_tier": "auto",
                "parallel_tool_calls": True, "cache_prompt": True, "id_slot": -1, "n_keep": 0}
     r = c.post("/v1/completions", json={**base, **neutral})
@@ -1232,6 +1233,59 @@ def test_infill_writes_the_middle(qwen_app):
     one = c.post("/v1/completions", json={"prompt": [FIM_PREFIX], "suffix": FIM_SUFFIX, "max_tokens": 6,
                                           "temperature": 0}).json()
     assert one["choices"][0]["text"] == out["content"]
+
+
+# llama.vim's request (its s:fim_send: fields and values as it sends them; n_indent, the
+# cursor line's indentation)
+LLAMA_VIM = {"input_prefix": FIM_PREFIX, "input_suffix": FIM_SUFFIX, "input_extra": [], "prompt": "",
+             "n_predict": 8, "n_indent": 4, "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"],
+             "stream": False, "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+             "response_fields": ["content", "timings/prompt_n", "timings/predicted_n", "timings/predicted_ms",
+                                 "truncated", "tokens_cached"]}
+
+
+def test_llama_vim_default_request(qwen_app):
+    """llama.vim's default /infill request is answered (it was a 400 for samplers and
+    t_max_predict_ms): the infill sampler, n_indent, and only the response_fields asked for, a
+    nested one under its path; the seeded draw is reproducible; its warm-up request (n_predict 0,
+    samplers []) generates nothing."""
+    c, _ = qwen_app
+    r = c.post("/infill", json={**LLAMA_VIM, "seed": 3})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert set(out) == {"content", "timings/prompt_n", "timings/predicted_n", "timings/predicted_ms", "truncated",
+                        "tokens_cached"}, out
+    assert out["content"].startswith("return a"), out  # the infill sampler keeps only likely pieces here
+    assert 0 < out["timings/predicted_n"] <= 8 and out["truncated"] is False
+    assert c.post("/infill", json={**LLAMA_VIM, "seed": 3}).json()["content"] == out["content"]
+    warm = c.post("/infill", json={**LLAMA_VIM, "n_predict": 0, "samplers": [], "temperature": 0.0,
+                                   "t_max_predict_ms": 1, "response_fields": [""]})
+    assert warm.status_code == 200 and warm.json() == {}, warm.text
+    full = c.post("/infill", json={**LLAMA_VIM, "seed": 3, "response_fields": None}).json()
+    assert full["content"] == out["content"] and full["stop_type"] in ("eos", "limit"), full
+
+
+def test_sampler_chain_fields(local):
+    """samplers as llama.cpp's server takes them: names or letter codes, in order; unknown ones, a
+    malformed value, and an infill sampler without a top_k before it are 400s naming samplers;
+    n_indent < 0 is a 400."""
+    c, _ = local
+    base = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    plain = c.post("/completion", json=base).json()["content"]
+    for chain in (["top_k", "temperature"], "kt", ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc",
+                                                   "temperature"], "edkypmxt"):
+        r = c.post("/completion", json={**base, "samplers": chain})
+        assert r.status_code == 200 and r.json()["content"] == plain, (chain, r.text)
+    for bad, says in ((["top_k", "nucleus"], "unknown sampler 'nucleus'"), ("kq", "unknown sampler code 'q'"),
+                      ({"top_k": 1}, "list of sampler names"), (["infill"], "top_k between 1 and 1024"),
+                      ([5], None)):
+        err = _error(c.post("/completion", json={**base, "samplers": bad}))
+        assert err["param"] and err["param"].startswith("samplers"), (bad, err)
+        assert says is None or says in err["message"], (bad, err)
+    err = _error(c.post("/completion", json={**base, "n_indent": -1}))
+    assert err["param"] == "n_indent"
+    props = c.get("/props").json()["default_generation_settings"]["params"]
+    assert props["samplers"] == ["penalties", "top_k", "top_p", "min_p", "temperature"] and props["n_indent"] == 0
 
 
 def test_n_predict_0_warms_the_cache(local):
