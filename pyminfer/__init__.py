@@ -37,4 +37,4 @@ __version__: str = _installed_version()  # as `pyminfer --version` prints it
 from .api import LLM  # noqa: E402,F401  (imports no server dependency)
 from .infill import InfillChunk  # noqa: E402,F401  (LLM.infill(..., extra=[InfillChunk(text, filename)]))
 from .ngram import NgramSpec  # noqa: E402,F401  (LLM(spec_ngram=NgramSpec(n, m)))
-from .sampling import NaNLogitsError  # noqa: E402,F401  (what generation raises for corrupt weights)
+from .sampling import NaNLogitsError, TokenLogprob  # noqa: E402,F401  (corrupt weights; LLM.generate(logprobs=n))

@@ -260,7 +260,8 @@ class LLM:
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: int | None = None, stop: str | Sequence[str] | None = None,
                  stream: bool = False, cache_prompt: bool = True, samplers: str | Sequence[str] | None = None,
-                 n_indent: int = 0, t_max_predict_ms: float = 0.0) -> GenerationResult | Iterator[Chunk]:
+                 n_indent: int = 0, t_max_predict_ms: float = 0.0,
+                 logprobs: int | None = None) -> GenerationResult | Iterator[Chunk]:
         """Complete ``prompt``.
 
         Args:
@@ -286,6 +287,10 @@ class LLM:
                 text before its first character (stop_reason 'indent'), as llama.cpp's n_indent.
             t_max_predict_ms: > 0: past that many ms after the first token, the next token bringing a
                 newline ends the text (stop_reason 'time'), as llama.cpp's.
+            logprobs: None, or 0..20: each generated token's log-probability under the model (raw
+                logits, before any sampler) and that many most likely alternatives, as
+                ``result.logprobs`` / ``chunk.logprobs`` (pyminfer.TokenLogprob); the logits are
+                then read back every token (a little slower; the tokens are the same).
             stream: return an iterator of Chunk (``.text``, ``.token_ids``; the last one has ``.text == ""``
                 and ``.result``) instead of the GenerationResult.
             cache_prompt: reuse the K/V of the longest prefix this prompt shares with the last
@@ -313,7 +318,7 @@ class LLM:
         ids = self.prompt_ids(prompt)
         stream, cache_prompt = _boolean("stream", stream), _boolean("cache_prompt", cache_prompt)
         params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop,
-                              samplers, n_indent, t_max_predict_ms)
+                              samplers, n_indent, t_max_predict_ms, logprobs)
         if max_tokens is not None:
             max_tokens = _integer("max_tokens", max_tokens)
             if max_tokens < -1:
@@ -381,7 +386,7 @@ class LLM:
     def _params(self, temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
                 repeat_last_n: int, seed: int | None, stop: str | Sequence[str] | None,
                 samplers: str | Sequence[str] | None = None, n_indent: int = 0,
-                t_max_predict_ms: float = 0.0) -> SamplingParams:
+                t_max_predict_ms: float = 0.0, logprobs: int | None = None) -> SamplingParams:
         if stop is None:
             stops: list[str] = []
         elif isinstance(stop, str):
@@ -400,7 +405,8 @@ class LLM:
                            repeat_last_n=_integer("repeat_last_n", repeat_last_n),
                            seed=None if seed is None else _integer("seed", seed), stop=stops,
                            samplers=_sampler_chain(samplers), n_indent=_integer("n_indent", n_indent),
-                           t_max_predict_ms=_real("t_max_predict_ms", t_max_predict_ms))
+                           t_max_predict_ms=_real("t_max_predict_ms", t_max_predict_ms),
+                           logprobs=None if logprobs is None else _integer("logprobs", logprobs))
         p.validate()
         return p
 

@@ -8,12 +8,13 @@ penalty, only the on-device argmax (one int32) is read back per token.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from .engine import ContextFull, Model
 from .ngram import NgramSpec
-from .sampling import NaNLogitsError, Sampler, SamplingParams, StopChecker
+from .sampling import NaNLogitsError, Sampler, SamplingParams, StopChecker, TokenLogprob
 from .tokenizer import StreamDecoder
 
 
@@ -26,6 +27,9 @@ class GenerationResult:
     'max_tokens', 'context', 'indent' (SamplingParams.n_indent), 'time' (t_max_predict_ms).
     timings: load/prefill/decode seconds and tokens/s. spec: speculative statistics or None.
     stop_word: the stop string that ended the text when stop_reason is 'stop_string', else "".
+    logprobs: with SamplingParams.logprobs, a TokenLogprob for each generated token whose text
+    starts inside ``text`` (not an ending end-of-generation token, nor tokens cut off with a stop
+    string); else None.
     """
 
     text: str
@@ -36,6 +40,7 @@ class GenerationResult:
     timings: dict[str, float]
     spec: dict[str, Any] | None = None
     stop_word: str = ""
+    logprobs: list[TokenLogprob] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("text", "prompt_ids", "generated_ids", "finish_reason", "stop_reason",
@@ -47,11 +52,15 @@ class GenerationResult:
 
 @dataclass
 class Chunk:
-    """One streamed piece: new text and the ids that produced it; the last chunk carries result."""
+    """One streamed piece: new text and the ids that produced it; the last chunk carries result.
+    logprobs: with SamplingParams.logprobs, the TokenLogprob of each token whose text starts in
+    this chunk's text or before it (a token's entry comes with its first character, so one held
+    back as the possible start of a stop string comes later, or never)."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     result: GenerationResult | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class IndentChecker:
@@ -155,6 +164,21 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     stopper = StopChecker(params.stop)
     indent = IndentChecker(params.n_indent)
     t_first: float | None = None  # when the first token came (llama.cpp's t_start_generation)
+    # logprobs: each token's entry waits with the text offset where its text starts (the text
+    # decoded before it) until the text given out passes that offset
+    want_lp = params.logprobs is not None
+    waiting: deque[tuple[int, TokenLogprob]] = deque()
+    decoded = given = 0  # characters decoded (before stop strings / n_indent), given out
+    kept_lp: list[TokenLogprob] = []
+
+    def release(text: str) -> list[TokenLogprob]:
+        nonlocal given
+        given += len(text)
+        out: list[TokenLogprob] = []
+        while waiting and waiting[0][0] < given:
+            out.append(waiting.popleft()[1])
+        kept_lp.extend(out)
+        return out
     generated: list[int] = []
     text_parts: list[str] = []
     finish, reason = "length", "max_tokens"
@@ -181,14 +205,20 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
             generated.append(t)
             if t_first is None:
                 t_first = time.perf_counter()
+            lp = sampler.logprobs.popleft() if want_lp else None
             if t in tok.eog_ids:
                 finish, reason = "stop", "eos"
                 yield Chunk("", [t])
                 break
-            out, stopped = stopper.push(sd.feed(t))
+            piece = sd.feed(t)
+            if lp is not None:
+                lp.offset = decoded
+                waiting.append((decoded, lp))
+            decoded += len(piece)
+            out, stopped = stopper.push(piece)
             out, cut = indent.push(out)
             text_parts.append(out)
-            yield Chunk(out, [t])
+            yield Chunk(out, [t], logprobs=release(out) if want_lp else [])
             if cut:
                 finish, reason = "length", "indent"
                 break
@@ -216,7 +246,7 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
             finish, reason = "stop", "stop_string"
         if tail:
             text_parts.append(tail)
-            yield Chunk(tail, [])
+            yield Chunk(tail, [], logprobs=release(tail) if want_lp else [])
     total = time.perf_counter() - t_start
     st = {**dec.stats, **warm_stats}
     timings = {
@@ -232,7 +262,7 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     timings["decode_tok_s"] = n_dec / timings["decode_s"] if timings["decode_s"] > 0 and n_dec else 0.0
     spec = dec.spec_stats() if hasattr(dec, "spec_stats") else None
     res = GenerationResult("".join(text_parts), list(prompt_ids), generated, finish, reason, timings, spec,
-                           stopper.word if reason == "stop_string" else "")
+                           stopper.word if reason == "stop_string" else "", kept_lp if want_lp else None)
     yield Chunk("", [], res)
 
 

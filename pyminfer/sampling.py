@@ -20,6 +20,7 @@ token. The draw then weighs what is left by the logits, as llama.cpp's dist samp
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -39,6 +40,8 @@ DEFAULT_SAMPLERS: tuple[str, ...] = ("penalties", "top_k", "top_p", "min_p", "te
 # The infill sampler compares every pair of its candidates' texts: it needs a top_k of at most
 # this many before it (llama.vim sends 40); over a whole vocabulary it would never finish.
 INFILL_MAX_CANDIDATES = 1024
+# The most alternatives a token's logprobs list (OpenAI's top_logprobs limit, vLLM's default).
+MAX_LOGPROBS = 20
 
 
 # The other spellings llama.cpp's CLI takes (common_sampler_types_from_names with allow_alt_names).
@@ -91,6 +94,10 @@ class SamplingParams:
     stop strings; n_indent > 0: a line after the first that starts less indented than that many
     spaces / tabs ends it (llama.cpp's n_indent); t_max_predict_ms > 0: past that many milliseconds
     after the first token, the next token that brings a newline ends it (llama.cpp's).
+    logprobs: None, or each token's log-probability and the ``logprobs`` (0..MAX_LOGPROBS) most
+    likely alternatives are recorded (TokenLogprob), from the model's distribution before any
+    sampler (OpenAI's and vLLM's logprobs, llama.cpp's n_probs); the logits are then read back for
+    every token.
     """
 
     temperature: float = 0.8
@@ -104,6 +111,7 @@ class SamplingParams:
     samplers: tuple[str, ...] | None = None
     n_indent: int = 0
     t_max_predict_ms: float = 0.0
+    logprobs: int | None = None
 
     def validate(self) -> None:
         """Raise ValueError for out-of-range settings."""
@@ -121,6 +129,8 @@ class SamplingParams:
             raise ValueError(f"n_indent must be >= 0 (0: off), got {self.n_indent}")
         if not np.isfinite(self.t_max_predict_ms):
             raise ValueError("t_max_predict_ms must be finite (<= 0: no time limit)")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs (the alternatives a token) must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
         if self.samplers is not None:
             self.samplers = parse_samplers(self.samplers)
         chain = self.chain
@@ -164,8 +174,8 @@ class SamplingParams:
 
     @property
     def needs_logits(self) -> bool:
-        """False when the on-device argmax gives the answer (greedy without penalty)."""
-        return not (self.greedy and not self.penalized)
+        """False when the on-device argmax gives the answer (greedy without penalty, no logprobs)."""
+        return not (self.greedy and not self.penalized) or self.logprobs is not None
 
 
 def apply_repeat_penalty(logits: np.ndarray, window: Sequence[int], penalty: float) -> np.ndarray:
@@ -185,6 +195,33 @@ def apply_repeat_penalty(logits: np.ndarray, window: Sequence[int], penalty: flo
     # a tiny penalty overflows: clamp to float32's finite range instead of +-inf
     logits[ids] = np.clip(out, -_F32_MAX, _F32_MAX).astype(np.float32)
     return logits
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token's natural-log probability under the model (softmax of its raw
+    logits, float64) and the ``top`` most likely ids with theirs, most likely first (ties: lower
+    id first): [(id, logprob)]. ``offset``: where the token's text starts in the generated text
+    (characters; set by pyminfer.generate)."""
+
+    id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+    offset: int = 0
+
+
+def token_logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """TokenLogprob of ``token`` from f32 logits[n_vocab] (log-softmax in float64)."""
+    x = logits.astype(np.float64)
+    m = float(x.max())
+    lse = m + float(np.log(np.exp(x - m).sum()))
+    top: list[tuple[int, float]] = []
+    if n_top > 0:
+        n = min(n_top, x.size)
+        part = np.argpartition(-x, n - 1)[:n] if n < x.size else np.arange(x.size)
+        part = part[np.lexsort((part, -x[part]))]
+        top = [(int(i), float(x[i] - lse)) for i in part]
+    return TokenLogprob(int(token), float(x[token] - lse), top)
 
 
 class InfillVocab(Protocol):
@@ -217,13 +254,23 @@ class Sampler:
         self.vocab = vocab
         seed = params.seed
         self.rng = np.random.default_rng(None if seed is None or seed < 0 else seed)  # -1: random
+        # with params.logprobs: one TokenLogprob a sample() call, in call order (the decoders
+        # call sample() once per token they emit, in the order they emit them)
+        self.logprobs: deque[TokenLogprob] = deque()
 
     def penalty_window(self, history: Sequence[int]) -> Sequence[int]:
         n = self.p.repeat_last_n
         return history[-n:] if n > 0 else history if n < 0 else ()
 
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """One token from f32 logits[n_vocab]; ``history`` is the context so far (for the penalty)."""
+        """One token from f32 logits[n_vocab]; ``history`` is the context so far (for the penalty).
+        With params.logprobs its TokenLogprob is appended to ``self.logprobs``."""
+        tok = self._pick(logits, history)
+        if self.p.logprobs is not None:
+            self.logprobs.append(token_logprob(logits, tok, self.p.logprobs))
+        return tok
+
+    def _pick(self, logits: np.ndarray, history: Sequence[int]) -> int:
         p = self.p
         lg = logits.astype(np.float32, copy=True)
         if p.greedy and p.argmax_after_penalty:

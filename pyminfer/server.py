@@ -44,7 +44,7 @@ from .api import LLM, ChatTemplateError
 from .cli import package_version
 from .generate import Chunk, GenerationResult
 from .infill import InfillChunk, InfillUnsupportedError, infill_ids
-from .sampling import DEFAULT_SAMPLERS, SamplingParams
+from .sampling import DEFAULT_SAMPLERS, SamplingParams, TokenLogprob
 from .spec import MAX_DEPTH
 from .tokenizer import lone_surrogate
 
@@ -189,8 +189,6 @@ def _not_none_or_auto(v: Any) -> bool:
 # accepted and ignored; other unknown fields are ignored with a warning in the server log.
 _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     # OpenAI
-    "logprobs": (_set, "token log-probabilities are not computed"),
-    "top_logprobs": (_true, "token log-probabilities are not computed"),
     "echo": (_true, "the prompt is not echoed back"),
     "best_of": (_other_than(1), "one candidate is generated per request"),
     "frequency_penalty": (_other_than(0), "for penalties use repeat_penalty"),
@@ -210,7 +208,6 @@ _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_n_sigma": (_positive, "top-n-sigma sampling is not implemented"),
     "xtc_probability": (_positive, "XTC sampling is not implemented"),
     "dry_multiplier": (_positive, "the DRY repetition penalty is not implemented"),
-    "n_probs": (_positive, "token probabilities are not computed"),
     "grammar": (_nonempty, "no grammar-constrained output"),
     "json_schema": (_nonempty, "no schema-constrained output"),
     "ignore_eos": (_true, "generation always stops at an end-of-generation token"),
@@ -267,8 +264,12 @@ class _GenRequest(_Request):
     response_fields: Optional[List[str]] = None
     # Unimplemented fields declared for their types (a mistyped value is a 400 that says what the
     # type is); whether a value asks for something is _UNSUPPORTED's business.
+    # token log-probabilities (pyminfer.sampling.TokenLogprob): OpenAI's chat takes logprobs true
+    # and top_logprobs (0..20), its completions logprobs (0..20 alternatives), llama.cpp's
+    # /completion n_probs (> 0)
     logprobs: Optional[Union[Bool, Int]] = None
     top_logprobs: Optional[Int] = None
+    n_probs: Int = Field(default=0, ge=0)
     echo: Bool = False
     best_of: Optional[Int] = None
     frequency_penalty: Float = 0.0
@@ -690,6 +691,30 @@ class ServerState:
         return self.llm
 
 
+def _logprobs_asked(req: _GenRequest) -> int | None:
+    """How many alternatives a token the request asks log-probabilities with, or None: a chat's
+    logprobs (bool) + top_logprobs, a completion's logprobs (an int), llama.cpp's n_probs (> 0).
+    400 for a value of the other API's type, or top_logprobs without logprobs true."""
+    chat = isinstance(req, ChatRequest)
+    lp = req.logprobs
+    if chat:
+        if lp is not None and not isinstance(lp, bool):
+            raise APIError(400, "logprobs in a chat request is true or false (top_logprobs says how many "
+                           "alternatives)", param="logprobs", code="invalid_value")
+        if req.top_logprobs is not None and not lp:
+            raise APIError(400, "top_logprobs needs logprobs true", param="top_logprobs", code="invalid_value")
+        return (req.top_logprobs or 0) if lp else None
+    if isinstance(lp, bool):
+        raise APIError(400, "logprobs in a completion request is the number of alternatives a token (0..20), "
+                       "not true or false", param="logprobs", code="invalid_value")
+    if req.top_logprobs is not None:
+        raise APIError(400, "top_logprobs is a chat request's field; a completion takes logprobs (0..20)",
+                       param="top_logprobs", code="invalid_value")
+    if lp is not None:
+        return lp
+    return req.n_probs if req.n_probs > 0 else None
+
+
 def _params(req: _GenRequest) -> SamplingParams:
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     samplers = req.samplers
@@ -700,12 +725,47 @@ def _params(req: _GenRequest) -> SamplingParams:
         samplers = None
     p = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
                        repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n, seed=req.seed, stop=stop,
-                       samplers=samplers, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms)
+                       samplers=samplers, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms,
+                       logprobs=_logprobs_asked(req))
     try:
         p.validate()
     except ValueError as e:
-        raise APIError(400, str(e), param="samplers" if "sampler" in str(e) else None) from None
+        msg = str(e)
+        param = ("samplers" if "sampler" in msg else
+                 ("top_logprobs" if isinstance(req, ChatRequest) else "n_probs" if req.logprobs is None else "logprobs")
+                 if "logprobs" in msg else None)
+        raise APIError(400, msg, param=param, code="invalid_value") from None
     return p
+
+
+def _lp_piece(llm: LLM, token: int) -> tuple[str, list[int]]:
+    """A token's text for a logprobs entry (invalid UTF-8, part of a character, as U+FFFD, as
+    vLLM shows it) and its exact bytes."""
+    b = llm.tokenizer.token_to_piece(token)
+    return b.decode("utf-8", errors="replace"), list(b)
+
+
+def _lp_entries(llm: LLM, lps: list[TokenLogprob], with_id: bool) -> list[dict[str, Any]]:
+    """[{id (with_id: llama.cpp's), token, bytes, logprob, top_logprobs: [the same without
+    top_logprobs]}]: OpenAI's chat logprobs content, llama.cpp's completion_probabilities."""
+    def entry(i: int, lp: float) -> dict[str, Any]:
+        text, b = _lp_piece(llm, i)
+        return {**({"id": i} if with_id else {}), "token": text, "bytes": b, "logprob": lp}
+
+    return [{**entry(e.id, e.logprob), "top_logprobs": [entry(i, lp) for i, lp in e.top]} for e in lps]
+
+
+def _completion_logprobs(llm: LLM, lps: list[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's (legacy) completion choice logprobs: tokens, token_logprobs, top_logprobs (a map
+    token text -> logprob a token) and text_offset (where each token's text starts in the
+    choice's text, characters)."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in lps:
+        out["tokens"].append(_lp_piece(llm, e.id)[0])
+        out["token_logprobs"].append(e.logprob)
+        out["top_logprobs"].append({_lp_piece(llm, i)[0]: lp for i, lp in e.top})
+        out["text_offset"].append(e.offset)
+    return out
 
 
 def _pick_fields(paths: list[str], out: dict[str, Any]) -> dict[str, Any]:
@@ -992,16 +1052,19 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         n = max_tokens(req, 16)
         cid = f"cmpl-{uuid.uuid4().hex}"
 
-        def piece(text: str, finish: str | None, index: int = 0) -> dict[str, Any]:
+        def piece(text: str, finish: str | None, index: int = 0,
+                  lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
-                    "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"text": text, "index": index,
+                                 "logprobs": _completion_logprobs(llm, lps) if lps is not None else None,
+                                 "finish_reason": finish}]}
 
         if len(batch) > 1:  # OpenAI: one choice per prompt, in order (run one after another), usage summed
             choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
                                   "prompt_tokens_details": {"cached_tokens": 0}}
             for i, b in enumerate(batch):
                 res = await _run(state, request, llm, b, params, n, req.cache_prompt)
-                choices += piece(res.text, res.finish_reason, i)["choices"]
+                choices += piece(res.text, res.finish_reason, i, res.logprobs)["choices"]
                 u = _usage(len(b), res)
                 for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
                     usage[k] += u[k]
@@ -1012,8 +1075,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             def first() -> list[dict[str, Any]]:
                 return []
 
-            def delta(text: str) -> dict[str, Any]:
-                return piece(text, None)
+            def delta(text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
+                return piece(text, None, 0, lps if params.logprobs is not None else None)
 
             def final(res: GenerationResult) -> dict[str, Any]:
                 d = piece("", res.finish_reason)
@@ -1024,7 +1087,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             return _sse(state, request, llm, ids, params, n, first, delta, final,
                         usage_piece=piece if _include_usage(req) else None, cache=req.cache_prompt)
         res = await _run(state, request, llm, ids, params, n, req.cache_prompt)
-        out = piece(res.text, res.finish_reason)
+        out = piece(res.text, res.finish_reason, 0, res.logprobs)
         out["usage"] = _usage(len(ids), res)
         out["timings"] = _timings(res)
         return JSONResponse(out)
@@ -1074,16 +1137,19 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         n = max_tokens(req, None)
         cid = f"chatcmpl-{uuid.uuid4().hex}"
 
-        def piece(d: dict[str, Any], finish: str | None, obj: str = "chat.completion.chunk") -> dict[str, Any]:
+        def piece(d: dict[str, Any], finish: str | None, obj: str = "chat.completion.chunk",
+                  lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
             return {"id": cid, "object": obj, "created": int(time.time()), "model": state.model_id,
-                    "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "delta": d,
+                                 "logprobs": {"content": _lp_entries(llm, lps, False)} if lps is not None else None,
+                                 "finish_reason": finish}]}
 
         if req.stream:
             def first() -> list[dict[str, Any]]:
                 return [piece({"role": "assistant", "content": ""}, None)]
 
-            def delta(text: str) -> dict[str, Any]:
-                return piece({"content": text}, None)
+            def delta(text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
+                return piece({"content": text}, None, lps=lps if params.logprobs is not None else None)
 
             def final(res: GenerationResult) -> dict[str, Any]:
                 d = piece({}, res.finish_reason)
@@ -1099,7 +1165,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                         usage_piece=usage_only if _include_usage(req) else None, cache=req.cache_prompt)
         res = await _run(state, request, llm, ids, params, n, req.cache_prompt)
         out = {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
-               "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text},
+                            "logprobs": {"content": _lp_entries(llm, res.logprobs, False)}
+                            if res.logprobs is not None else None,
                             "finish_reason": res.finish_reason}],
                "usage": _usage(len(ids), res), "timings": _timings(res)}
         return JSONResponse(out)
@@ -1135,17 +1203,24 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         params = _params(req)
         n = max_tokens(req, None)
 
-        def final(res: GenerationResult, content: str, ids: list[int] = ids) -> dict[str, Any]:
-            return {"content": content, "id_slot": 0, "stop": True, "model": state.model_id,
+        def final(res: GenerationResult, content: str, ids: list[int] = ids, probs: bool = True) -> dict[str, Any]:
+            extra = ({"completion_probabilities": _lp_entries(llm, res.logprobs, True)}
+                     if probs and res.logprobs is not None else {})
+            return {"content": content, "id_slot": 0, "stop": True, "model": state.model_id, **extra,
                     "tokens_predicted": len(res.generated_ids), "tokens_evaluated": len(ids),
                     "tokens_cached": int(res.timings.get("cached_tokens", 0)),
                     "truncated": False, "stop_type": _STOP_TYPES[res.stop_reason], "stopping_word": res.stop_word,
                     "timings": _timings(res)}
 
         if req.stream:  # llama.cpp's stream: one object per piece, the last with stop true; no [DONE]
-            return _sse(state, request, llm, ids, params, n, lambda: [],
-                        lambda text: {"content": text, "stop": False, "id_slot": 0},
-                        lambda res: final(res, ""), done_marker=False, cache=req.cache_prompt)
+            def delta(text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
+                d = {"content": text, "stop": False, "id_slot": 0}
+                if params.logprobs is not None:
+                    d["completion_probabilities"] = _lp_entries(llm, lps, True)
+                return d
+
+            return _sse(state, request, llm, ids, params, n, lambda: [], delta,
+                        lambda res: final(res, "", probs=False), done_marker=False, cache=req.cache_prompt)
         if len(batch) > 1:  # llama.cpp: an array of results, one per prompt, in order
             results = []
             for b in batch:
@@ -1190,7 +1265,8 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
     n_gen = 0
     it = llm.generate(ids, max_tokens=n, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                       min_p=params.min_p, repeat_penalty=params.repeat_penalty, repeat_last_n=params.repeat_last_n,
-                      seed=params.seed, stop=params.stop, stream=True, cache_prompt=cache)
+                      seed=params.seed, stop=params.stop, stream=True, cache_prompt=cache, samplers=params.samplers,
+                      n_indent=params.n_indent, t_max_predict_ms=params.t_max_predict_ms, logprobs=params.logprobs)
     assert not isinstance(it, GenerationResult)
     try:
         for ch in it:
@@ -1252,12 +1328,12 @@ async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], p
 
 
 def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams, n: int | None,
-         first: Callable[[], list[dict[str, Any]]], delta: Callable[[str], dict[str, Any]],
+         first: Callable[[], list[dict[str, Any]]], delta: Callable[[str, list[TokenLogprob]], dict[str, Any]],
          final: Callable[[GenerationResult], dict[str, Any]], *,
          usage_piece: Callable[..., dict[str, Any]] | None = None, done_marker: bool = True,
          cache: bool = True) -> StreamingResponse:
     """A streaming generation as server-sent events: ``data: {json}`` chunks (``first()``, then
-    ``delta(text)`` per piece, then ``final(result)``, then a usage-only chunk from ``usage_piece``
+    ``delta(text, logprobs)`` per piece with text or token logprobs, then ``final(result)``, then a usage-only chunk from ``usage_piece``
     when given: OpenAI's ``stream_options.include_usage``, where every other chunk then has
     ``"usage": null``), then ``data: [DONE]`` unless ``done_marker`` is false (llama.cpp's
     /completion has none). The generation stops at the next token when the client disconnects."""
@@ -1275,7 +1351,7 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
 
     def work() -> None:
         try:
-            res = _job(state, llm, ids, params, n, cancel, lambda ch: put(("chunk", ch.text)), cache)
+            res = _job(state, llm, ids, params, n, cancel, lambda ch: put(("chunk", ch)), cache)
             put(("done", res))
         except BaseException as e:  # noqa: BLE001 - reported to the client as an error event
             put(("error", e))
@@ -1303,8 +1379,8 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
             while True:
                 kind, val = await queue.get()
                 if kind == "chunk":
-                    if val:
-                        yield chunk(delta(val))
+                    if val.text or val.logprobs:
+                        yield chunk(delta(val.text, val.logprobs))
                 elif kind == "done":
                     if val is None:
                         if state.closing.is_set():  # not a disconnect: tell the client why it ends

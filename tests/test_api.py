@@ -347,3 +347,56 @@ def test_sampler_chain_and_limits_arguments(llm):
                           ({"t_max_predict_ms": float("nan")}, ValueError, "t_max_predict_ms must be finite")):
         with pytest.raises(exc, match=says):
             llm.generate("Hi", max_tokens=1, **kw)
+
+
+def _log_softmax(row) -> "np.ndarray":
+    import numpy as np
+
+    x = np.asarray(row, dtype=np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+def test_logprobs(llm):
+    """logprobs=n: each generated token's log-softmax under the model (checked against the logits
+    of a separate forward), its n most likely alternatives in order; the tokens are those of the
+    run without logprobs; stop-string tokens are left out and the offsets index the text."""
+    import numpy as np
+
+    plain = llm.generate("1\n2\n3\n", max_tokens=6, temperature=0, cache_prompt=False)
+    r = llm.generate("1\n2\n3\n", max_tokens=6, temperature=0, cache_prompt=False, logprobs=3)
+    assert r.generated_ids == plain.generated_ids and plain.logprobs is None
+    assert [e.id for e in r.logprobs] == r.generated_ids
+    m = llm.model
+    rows = [m.prefill(r.prompt_ids, 0, logits=True)]
+    for i, t in enumerate(r.generated_ids[:-1]):
+        rows.append(m.forward([t], len(r.prompt_ids) + i, [0], logits=True)[0])
+    llm.reset()  # the forwards above wrote the cache behind the LLM's back
+    for e, row in zip(r.logprobs, rows):
+        ls = _log_softmax(row)
+        assert abs(e.logprob - ls[e.id]) < 1e-9
+        want = sorted(range(ls.size), key=lambda i: (-ls[i], i))[:3]
+        assert [i for i, _ in e.top] == want and np.allclose([lp for _, lp in e.top], ls[want], atol=1e-9)
+        assert e.top[0][0] == e.id  # greedy: the most likely
+    assert [e.offset for e in r.logprobs] == [len(llm.detokenize(r.generated_ids[:i])) for i in range(6)]
+    # a stop string: its tokens are not in the list; the texts of those kept make up the text
+    s = llm.generate("1\n2\n3\n", max_tokens=6, temperature=0, stop=["6"], logprobs=0)
+    assert s.text == "4\n5\n" and "".join(llm.detokenize([e.id]) for e in s.logprobs) == s.text
+    assert all(e.top == [] for e in s.logprobs)
+    # streamed: every entry once, with the chunk its text starts in
+    chunks = list(llm.generate("1\n2\n3\n", max_tokens=6, temperature=0, logprobs=1, stream=True))
+    assert [e.id for ch in chunks for e in ch.logprobs] == r.generated_ids
+    for bad, exc in ((21, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError)):
+        with pytest.raises(exc, match="logprobs"):
+            llm.generate("Hi", max_tokens=1, logprobs=bad)
+
+
+def test_logprobs_speculative_equal_plain():
+    """With a draft the verify rows are bitwise the single-token rows (CPU), so the logprobs are
+    exactly those of plain decoding."""
+    with LLM("smollm2-135m", draft_model="smollm2-135m", device="cpu", n_ctx=256, spec_draft_n=3) as s:
+        a = s.generate("The capital of France is", max_tokens=12, temperature=0, logprobs=2, cache_prompt=False)
+        assert a.spec is not None and a.spec["accepted"] > 0
+    with LLM("smollm2-135m", device="cpu", n_ctx=256) as p:
+        b = p.generate("The capital of France is", max_tokens=12, temperature=0, logprobs=2, cache_prompt=False)
+    assert a.generated_ids == b.generated_ids and a.logprobs == b.logprobs

@@ -398,7 +398,7 @@ def test_unhandled_error_is_a_500_and_the_connection_survives(monkeypatch):
 
 
 def test_unsupported_openai_fields_are_refused_not_ignored():
-    """logprobs, echo, penalties other than repeat_penalty, tools, ...: a 400 naming the field when
+    """echo, penalties other than repeat_penalty, tools, ...: a 400 naming the field when
     a request asks for them (a silently ignored field is a wrong answer); neutral values pass."""
     from pyminfer import LLM
     from pyminfer.server import ServerState
@@ -407,8 +407,7 @@ def test_unsupported_openai_fields_are_refused_not_ignored():
     state = ServerState(lambda: LLM(path, device="cpu", n_ctx=128), aliases=[MODEL])
     base = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
     with _serving(state, 60) as c:
-        # logprobs 0 asks for the sampled token's log-probability (OpenAI's legacy completions)
-        for extra in ({"logprobs": 2}, {"logprobs": 0}, {"echo": True}, {"frequency_penalty": 0.5},
+        for extra in ({"echo": True}, {"frequency_penalty": 0.5},
                       {"presence_penalty": -1}, {"best_of": 3}, {"logit_bias": {"10": 5}}):
             r = c.post("/v1/completions", json={**base, **extra})
             assert r.status_code == 400 and next(iter(extra)) in r.json()["error"]["message"], (extra, r.text)
@@ -759,7 +758,7 @@ def test_n_predict_is_max_tokens(local):
 # (field, a value that asks for something the server does not do)
 UNIMPLEMENTED = [
     ("mirostat", 2), ("typical_p", 0.5), ("tfs_z", 0.9), ("grammar", "root ::= \"yes\""),
-    ("json_schema", {"type": "object"}), ("ignore_eos", True), ("n_probs", 3),
+    ("json_schema", {"type": "object"}), ("ignore_eos", True),
     ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("logit_bias", [[15043, 1.0]]),
     ("logit_bias", {"15043": -100}), ("logit_bias", {"15043": 0, "16": 2}), ("logit_bias", [[15043, False]]),
     ("logit_bias", {"--5": 7}),  # token text, not an id: int("--5") was a 500
@@ -767,7 +766,7 @@ UNIMPLEMENTED = [
     ("chat_template_kwargs", {"enable_thinking": False}),
     ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("functions", [{"name": "f"}]), ("function_call", "auto_x"), ("response_format", {"type": "json_object"}),
-    ("logprobs", True), ("top_logprobs", 2), ("echo", True), ("best_of", 2),
+    ("echo", True), ("best_of", 2),
 ]
 
 
@@ -789,8 +788,8 @@ def test_penalty_hint_only_for_openai_penalties(local):
     for field in ("frequency_penalty", "presence_penalty"):
         err = _error(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, field: 0.5}))
         assert err["param"] == field and "use repeat_penalty" in err["message"]
-    err = _error(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "logprobs": 1}))
-    assert "repeat_penalty" not in err["message"] and "log-probabilities" in err["message"]
+    err = _error(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "echo": True}))
+    assert "repeat_penalty" not in err["message"] and "not echoed" in err["message"]
 
 
 def test_neutral_and_harmless_fields_are_accepted(local):
@@ -1249,7 +1248,7 @@ def test_llama_vim_default_request(qwen_app):
     t_max_predict_ms): the infill sampler, n_indent, and only the response_fields asked for, a
     nested one under its path; the seeded draw is reproducible; its warm-up request (n_predict 0,
     samplers []) generates nothing."""
-    c, _ = qwen_app
+    c, llm = qwen_app
     r = c.post("/infill", json={**LLAMA_VIM, "seed": 3})
     assert r.status_code == 200, r.text
     out = r.json()
@@ -1263,6 +1262,17 @@ def test_llama_vim_default_request(qwen_app):
     assert warm.status_code == 200 and warm.json() == {}, warm.text
     full = c.post("/infill", json={**LLAMA_VIM, "seed": 3, "response_fields": None}).json()
     assert full["content"] == out["content"] and full["stop_type"] in ("eos", "limit"), full
+    # the chain and n_indent reach the generation: the same seed through LLM.infill
+    res = llm.infill(FIM_PREFIX, FIM_SUFFIX, max_tokens=8, top_k=40, top_p=0.9, samplers=["top_k", "top_p", "infill"],
+                     n_indent=4, seed=3, cache_prompt=False)
+    assert res.text == out["content"]
+    # n_indent cuts a completion that goes on past the function (greedy): stop_type limit
+    body = {"input_prefix": "def add(a, b):\n", "input_suffix": "", "n_predict": 40, "temperature": 0,
+            "cache_prompt": False}
+    free = c.post("/infill", json=body).json()
+    cut = c.post("/infill", json={**body, "n_indent": 4}).json()
+    assert free["content"].startswith(cut["content"]) and len(cut["content"]) < len(free["content"]), (free, cut)
+    assert cut["stop_type"] == "limit"
 
 
 def test_sampler_chain_fields(local):
@@ -1286,6 +1296,82 @@ def test_sampler_chain_fields(local):
     assert err["param"] == "n_indent"
     props = c.get("/props").json()["default_generation_settings"]["params"]
     assert props["samplers"] == ["penalties", "top_k", "top_p", "min_p", "temperature"] and props["n_indent"] == 0
+
+
+def test_logprobs_in_each_api_shape(local):
+    """Token log-probabilities as each API gives them, equal to the Python API's (LLM.generate
+    logprobs): OpenAI chat (logprobs true, top_logprobs), completions (logprobs n, text_offset),
+    llama.cpp's /completion (n_probs: completion_probabilities); streamed pieces carry their
+    tokens' entries and add up to the whole; wrong shapes are 400s."""
+    c, state = local
+    llm = state.llm
+    base = {"max_tokens": 5, "temperature": 0, "cache_prompt": False}
+    want = llm.generate("1\n2\n3\n", max_tokens=5, temperature=0, logprobs=2, cache_prompt=False).logprobs
+    piece = lambda i: llm.tokenizer.token_to_piece(i).decode("utf-8", errors="replace")  # noqa: E731
+    r = c.post("/v1/completions", json={**base, "prompt": "1\n2\n3\n", "logprobs": 2}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert lp["tokens"] == [piece(e.id) for e in want] and lp["token_logprobs"] == [e.logprob for e in want]
+    assert lp["top_logprobs"] == [{piece(i): v for i, v in e.top} for e in want]
+    assert lp["text_offset"] == [e.offset for e in want] and "".join(lp["tokens"]) == r["choices"][0]["text"]
+    n = c.post("/completion", json={**base, "prompt": "1\n2\n3\n", "n_probs": 2}).json()
+    assert [(p["id"], p["logprob"]) for p in n["completion_probabilities"]] == [(e.id, e.logprob) for e in want]
+    assert [[t["id"] for t in p["top_logprobs"]] for p in n["completion_probabilities"]] == \
+        [[i for i, _ in e.top] for e in want]
+    msgs = [{"role": "user", "content": "Hi"}]
+    ch = c.post("/v1/chat/completions", json={**base, "messages": msgs, "logprobs": True, "top_logprobs": 1}).json()
+    content = ch["choices"][0]["logprobs"]["content"]
+    assert "".join(e["token"] for e in content) == ch["choices"][0]["message"]["content"]
+    assert all(len(e["top_logprobs"]) == 1 and e["top_logprobs"][0]["token"] == e["token"] for e in content)
+    assert bytes(sum((e["bytes"] for e in content), [])).decode() == ch["choices"][0]["message"]["content"]
+    plain = c.post("/v1/chat/completions", json={**base, "messages": msgs}).json()["choices"][0]
+    assert plain["logprobs"] is None and plain["message"] == ch["choices"][0]["message"]
+    streamed = []
+    with c.stream("POST", "/v1/chat/completions", json={**base, "messages": msgs, "logprobs": True,
+                                                         "top_logprobs": 1, "stream": True}) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                d = json.loads(line[6:])["choices"][0]
+                streamed += (d["logprobs"] or {"content": []})["content"]
+    assert streamed == content
+    for path, body, param in (("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
+                              ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
+                              ("/v1/completions", {"prompt": "x", "top_logprobs": 2}, "top_logprobs"),
+                              ("/completion", {"prompt": "x", "n_probs": 21}, "n_probs"),
+                              ("/v1/chat/completions", {"messages": msgs, "logprobs": 2}, "logprobs"),
+                              ("/v1/chat/completions", {"messages": msgs, "top_logprobs": 2}, "top_logprobs"),
+                              ("/v1/chat/completions", {"messages": msgs, "logprobs": True, "top_logprobs": 30},
+                               "top_logprobs")):
+        err = _error(c.post(path, json={**base, **body}))
+        assert err["param"] == param, (path, body, err)
+
+
+def test_every_sampling_setting_reaches_the_generation(monkeypatch):
+    """_job hands LLM.generate every SamplingParams field (samplers, n_indent, ... were once parsed
+    and checked, then dropped on the way)."""
+    import dataclasses
+    import threading
+
+    from pyminfer import server as srv
+    from pyminfer.sampling import SamplingParams
+
+    seen = {}
+
+    class FakeLLM:
+        def generate(self, ids, **kw):
+            seen.update(kw)
+            yield from ()
+
+    class FakeMetrics:
+        def add(self, *a):
+            pass
+
+    class FakeState:
+        metrics = FakeMetrics()
+        closing = threading.Event()
+
+    srv._job(FakeState(), FakeLLM(), [1], SamplingParams(), 4, threading.Event(), None)
+    missing = {f.name for f in dataclasses.fields(SamplingParams)} - set(seen)
+    assert not missing, missing
 
 
 def test_n_predict_0_warms_the_cache(local):
