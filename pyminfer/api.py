@@ -22,10 +22,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
 
-from .generate import Chunk, GenerationResult, generate_stream
+from .generate import Chunk, GenerationResult, generate_stream, prompt_logprobs
 from .infill import InfillChunk, infill_ids
 from .ngram import NgramSpec
-from .sampling import SamplingParams, parse_samplers
+from .sampling import SamplingParams, TokenLogprob, parse_samplers
 from .tokenizer import ChatTemplateError, check_unicode
 
 __all__ = ["LLM", "Chunk", "GenerationResult", "Prompt", "ChatTemplateError", "MessageError", "ROLES"]
@@ -261,7 +261,7 @@ class LLM:
                  seed: int | None = None, stop: str | Sequence[str] | None = None,
                  stream: bool = False, cache_prompt: bool = True, samplers: str | Sequence[str] | None = None,
                  n_indent: int = 0, t_max_predict_ms: float = 0.0,
-                 logprobs: int | None = None) -> GenerationResult | Iterator[Chunk]:
+                 logprobs: int | None = None, min_keep: int = 0) -> GenerationResult | Iterator[Chunk]:
         """Complete ``prompt``.
 
         Args:
@@ -287,10 +287,11 @@ class LLM:
                 text before its first character (stop_reason 'indent'), as llama.cpp's n_indent.
             t_max_predict_ms: > 0: past that many ms after the first token, the next token bringing a
                 newline ends the text (stop_reason 'time'), as llama.cpp's.
-            logprobs: None, or 0..20: each generated token's log-probability under the model (raw
+            logprobs: None, or n >= 0: each generated token's log-probability under the model (raw
                 logits, before any sampler) and that many most likely alternatives, as
                 ``result.logprobs`` / ``chunk.logprobs`` (pyminfer.TokenLogprob); the logits are
                 then read back every token (a little slower; the tokens are the same).
+            min_keep: the fewest candidates top_p and min_p leave (llama.cpp's; 0: no floor).
             stream: return an iterator of Chunk (``.text``, ``.token_ids``; the last one has ``.text == ""``
                 and ``.result``) instead of the GenerationResult.
             cache_prompt: reuse the K/V of the longest prefix this prompt shares with the last
@@ -318,7 +319,7 @@ class LLM:
         ids = self.prompt_ids(prompt)
         stream, cache_prompt = _boolean("stream", stream), _boolean("cache_prompt", cache_prompt)
         params = self._params(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop,
-                              samplers, n_indent, t_max_predict_ms, logprobs)
+                              samplers, n_indent, t_max_predict_ms, logprobs, min_keep)
         if max_tokens is not None:
             max_tokens = _integer("max_tokens", max_tokens)
             if max_tokens < -1:
@@ -342,6 +343,31 @@ class LLM:
             res = ch.result or res
         assert res is not None
         return res
+
+    def prompt_logprobs(self, prompt: Prompt, logprobs: int = 0) -> list[TokenLogprob | None]:
+        """Each prompt token's log-probability under the model given the tokens before it, with
+        the ``logprobs`` most likely alternatives (vLLM's prompt_logprobs; what OpenAI's echo with
+        logprobs shows; how evaluation harnesses score a continuation): [None] for the first token,
+        then a pyminfer.TokenLogprob for each other (``offset``: where its text starts in the
+        prompt's text). The whole prompt is evaluated from position 0 (on a GPU in wide chunks, on
+        the tensor-core path: within tolerance of token-by-token decoding) and stays in the KV
+        cache, so a generation after it with the same prompt prefills nothing.
+
+        Raises ValueError (empty prompt, logprobs < 0), ContextFull (a ValueError: longer than
+        n_ctx), TypeError (a prompt neither str nor ids; logprobs not an int), RuntimeError as
+        :meth:`generate` does.
+        """
+        ids = self.prompt_ids(prompt)
+        n = _integer("logprobs", logprobs)
+        self._acquire()
+        try:
+            self._cache_ids = []  # until it is done the cache holds a mix
+            out = prompt_logprobs(self.model, ids, n)
+            self._cache_ids = list(ids)
+            return out
+        finally:
+            self._marks = (self.model.writes, self._draft.writes if self._draft is not None else -1)
+            self._release()
 
     def infill(self, prefix: str, suffix: str = "", *, extra: Sequence[InfillChunk] = (), prompt: str = "",
                **kw: Any) -> GenerationResult | Iterator[Chunk]:
@@ -386,7 +412,7 @@ class LLM:
     def _params(self, temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
                 repeat_last_n: int, seed: int | None, stop: str | Sequence[str] | None,
                 samplers: str | Sequence[str] | None = None, n_indent: int = 0,
-                t_max_predict_ms: float = 0.0, logprobs: int | None = None) -> SamplingParams:
+                t_max_predict_ms: float = 0.0, logprobs: int | None = None, min_keep: int = 0) -> SamplingParams:
         if stop is None:
             stops: list[str] = []
         elif isinstance(stop, str):
@@ -406,7 +432,8 @@ class LLM:
                            seed=None if seed is None else _integer("seed", seed), stop=stops,
                            samplers=_sampler_chain(samplers), n_indent=_integer("n_indent", n_indent),
                            t_max_predict_ms=_real("t_max_predict_ms", t_max_predict_ms),
-                           logprobs=None if logprobs is None else _integer("logprobs", logprobs))
+                           logprobs=None if logprobs is None else _integer("logprobs", logprobs),
+                           min_keep=_integer("min_keep", min_keep))
         p.validate()
         return p
 

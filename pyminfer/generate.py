@@ -12,9 +12,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from .engine import ContextFull, Model
 from .ngram import NgramSpec
-from .sampling import NaNLogitsError, Sampler, SamplingParams, StopChecker, TokenLogprob
+from .sampling import NaNLogitsError, Sampler, SamplingParams, StopChecker, TokenLogprob, token_logprob
 from .tokenizer import StreamDecoder
 
 
@@ -47,6 +49,11 @@ class GenerationResult:
                                             "timings")}
         if self.spec is not None:
             d["spec"] = self.spec
+        if self.stop_word:
+            d["stop_word"] = self.stop_word
+        if self.logprobs is not None:
+            d["logprobs"] = [{"id": e.id, "logprob": e.logprob, "offset": e.offset, "top": [list(t) for t in e.top]}
+                             for e in self.logprobs]
         return d
 
 
@@ -264,6 +271,42 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     res = GenerationResult("".join(text_parts), list(prompt_ids), generated, finish, reason, timings, spec,
                            stopper.word if reason == "stop_string" else "", kept_lp if want_lp else None)
     yield Chunk("", [], res)
+
+
+def prompt_logprobs(model: Model, ids: Sequence[int], n_top: int) -> list[TokenLogprob | None]:
+    """Each prompt token's log-probability given the tokens before it (vLLM's prompt_logprobs,
+    OpenAI's echo with logprobs): [None] for the first token (nothing predicts it), then a
+    TokenLogprob for ids[1:] with the ``n_top`` most likely alternatives; ``offset``: where the
+    token's text starts in the prompt's text (``detokenize(ids)``, special tokens included).
+
+    The prompt is evaluated from position 0 in chunks of the model's max_nt with every row's
+    logits (on a GPU chunks of more than 8 rows take the tensor-core path, within its tolerance of
+    token-by-token decoding; docs/perf.md), so the KV cache then holds it. Raises ValueError for
+    an empty prompt or n_top < 0, ContextFull when it does not fit n_ctx.
+    """
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty (no tokens): give some text")
+    if n_top < 0:
+        raise ValueError(f"logprobs (the alternatives a token) must be >= 0, got {n_top}")
+    if len(ids) > model.n_ctx:
+        raise ContextFull(f"the prompt has {len(ids)} tokens; the context holds n_ctx={model.n_ctx}")
+    out: list[TokenLogprob | None] = [None]
+    for i in range(0, len(ids), model.max_nt):  # the last token too: the cache then holds all of them
+        chunk = list(ids[i:i + model.max_nt])
+        rows = model.forward(chunk, i, list(range(len(chunk))), logits=True)
+        for j, row in enumerate(rows):
+            if i + j + 1 < len(ids):
+                if np.isnan(row).any():
+                    raise model.nan_error()
+                out.append(token_logprob(row, int(ids[i + j + 1]), n_top))
+    sd = StreamDecoder(model.tokenizer)
+    at = 0
+    for i, t in enumerate(ids):
+        e = out[i]
+        if e is not None:
+            e.offset = at
+        at += len(sd.feed(int(t)))
+    return out
 
 
 def generate(model: Model, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,

@@ -40,7 +40,8 @@ DEFAULT_SAMPLERS: tuple[str, ...] = ("penalties", "top_k", "top_p", "min_p", "te
 # The infill sampler compares every pair of its candidates' texts: it needs a top_k of at most
 # this many before it (llama.vim sends 40); over a whole vocabulary it would never finish.
 INFILL_MAX_CANDIDATES = 1024
-# The most alternatives a token's logprobs list (OpenAI's top_logprobs limit, vLLM's default).
+# The most alternatives a token OpenAI's fields may ask for (its top_logprobs limit, vLLM's
+# default); llama.cpp's n_probs and the Python API have no such limit.
 MAX_LOGPROBS = 20
 
 
@@ -94,10 +95,10 @@ class SamplingParams:
     stop strings; n_indent > 0: a line after the first that starts less indented than that many
     spaces / tabs ends it (llama.cpp's n_indent); t_max_predict_ms > 0: past that many milliseconds
     after the first token, the next token that brings a newline ends it (llama.cpp's).
-    logprobs: None, or each token's log-probability and the ``logprobs`` (0..MAX_LOGPROBS) most
-    likely alternatives are recorded (TokenLogprob), from the model's distribution before any
-    sampler (OpenAI's and vLLM's logprobs, llama.cpp's n_probs); the logits are then read back for
-    every token.
+    logprobs: None, or each token's log-probability and the ``logprobs`` (>= 0) most likely
+    alternatives are recorded (TokenLogprob), from the model's distribution before any sampler
+    (OpenAI's and vLLM's logprobs, llama.cpp's n_probs); the logits are then read back for every
+    token. min_keep: the fewest candidates top_p and min_p leave (llama.cpp's; 0: no floor).
     """
 
     temperature: float = 0.8
@@ -112,6 +113,7 @@ class SamplingParams:
     n_indent: int = 0
     t_max_predict_ms: float = 0.0
     logprobs: int | None = None
+    min_keep: int = 0
 
     def validate(self) -> None:
         """Raise ValueError for out-of-range settings."""
@@ -129,8 +131,10 @@ class SamplingParams:
             raise ValueError(f"n_indent must be >= 0 (0: off), got {self.n_indent}")
         if not np.isfinite(self.t_max_predict_ms):
             raise ValueError("t_max_predict_ms must be finite (<= 0: no time limit)")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs (the alternatives a token) must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs (the alternatives a token) must be >= 0, got {self.logprobs}")
+        if self.min_keep < 0:
+            raise ValueError(f"min_keep must be >= 0, got {self.min_keep}")
         if self.samplers is not None:
             self.samplers = parse_samplers(self.samplers)
         chain = self.chain
@@ -326,13 +330,14 @@ class Sampler:
                 sort()
                 probs = np.exp(vals - vals[0])
                 probs /= probs.sum()
-                keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+                keep = max(int(np.searchsorted(np.cumsum(probs), p.top_p) + 1), p.min_keep)
                 idx, vals = idx[:keep], vals[:keep]
             elif name == "min_p" and p.min_p > 0.0:
                 sort()
                 probs = np.exp(vals - vals[0])
                 probs /= probs.sum()
                 keep = probs >= p.min_p * probs[0]
+                keep[:p.min_keep] = True  # sorted: the min_keep most likely stay
                 idx, vals = idx[keep], vals[keep]
             elif name == "temperature":
                 sort()

@@ -44,7 +44,7 @@ from .api import LLM, ChatTemplateError
 from .cli import package_version
 from .generate import Chunk, GenerationResult
 from .infill import InfillChunk, InfillUnsupportedError, infill_ids
-from .sampling import DEFAULT_SAMPLERS, SamplingParams, TokenLogprob
+from .sampling import DEFAULT_SAMPLERS, MAX_LOGPROBS, SamplingParams, TokenLogprob
 from .spec import MAX_DEPTH
 from .tokenizer import lone_surrogate
 
@@ -189,7 +189,6 @@ def _not_none_or_auto(v: Any) -> bool:
 # accepted and ignored; other unknown fields are ignored with a warning in the server log.
 _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     # OpenAI
-    "echo": (_true, "the prompt is not echoed back"),
     "best_of": (_other_than(1), "one candidate is generated per request"),
     "frequency_penalty": (_other_than(0), "for penalties use repeat_penalty"),
     "presence_penalty": (_other_than(0), "for penalties use repeat_penalty"),
@@ -218,7 +217,7 @@ _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 # Fields known not to change the output: accepted, ignored, and not warned about.
 _IGNORED = frozenset({
     "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prediction",
-    "id_slot", "n_keep", "min_keep", "mirostat_tau", "mirostat_eta",
+    "id_slot", "n_keep", "mirostat_tau", "mirostat_eta",
     "dynatemp_exponent", "xtc_threshold", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     "dry_sequence_breakers", "timings_per_token", "return_progress",
     # llama.cpp reads it and does nothing with it ("TODO: implement"); llama.vim sends it
@@ -270,6 +269,8 @@ class _GenRequest(_Request):
     logprobs: Optional[Union[Bool, Int]] = None
     top_logprobs: Optional[Int] = None
     n_probs: Int = Field(default=0, ge=0)
+    # llama.cpp's: the fewest candidates top_p and min_p keep (0: no floor)
+    min_keep: Int = Field(default=0, ge=0)
     echo: Bool = False
     best_of: Optional[Int] = None
     frequency_penalty: Float = 0.0
@@ -369,6 +370,9 @@ class ChatRequest(_GenRequest):
         if _nonempty((self.model_extra or {}).get("suffix")):  # refused before FIM existed: still not ignored
             raise APIError(400, "not supported by this server: suffix (a chat has no fill-in-the-middle; use "
                            "/v1/completions' suffix or /infill)", param="suffix", code="unsupported_parameter")
+        if self.echo:
+            raise APIError(400, "not supported by this server: echo (a chat does not echo its messages; "
+                           "/v1/completions echoes its prompt)", param="echo", code="unsupported_parameter")
         super().check()
         for i, m in enumerate(self.messages):
             # OpenAI: content is required, except in an assistant turn that carries tool calls;
@@ -693,25 +697,33 @@ class ServerState:
 
 def _logprobs_asked(req: _GenRequest) -> int | None:
     """How many alternatives a token the request asks log-probabilities with, or None: a chat's
-    logprobs (bool) + top_logprobs, a completion's logprobs (an int), llama.cpp's n_probs (> 0).
-    400 for a value of the other API's type, or top_logprobs without logprobs true."""
-    chat = isinstance(req, ChatRequest)
+    logprobs (bool) + top_logprobs (0..20, OpenAI's limit), a completion's logprobs (an int,
+    0..20), llama.cpp's n_probs (> 0, no limit but the vocabulary; in a chat too, as llama.cpp
+    passes it through). 400 for a value of the other API's type, one out of range, or
+    top_logprobs without logprobs true."""
+    def ranged(name: str, v: int) -> int:
+        if not 0 <= v <= MAX_LOGPROBS:
+            raise APIError(400, f"{name} must be in 0..{MAX_LOGPROBS}, got {v}", param=name, code="invalid_value")
+        return v
+
     lp = req.logprobs
-    if chat:
+    if isinstance(req, ChatRequest):
         if lp is not None and not isinstance(lp, bool):
             raise APIError(400, "logprobs in a chat request is true or false (top_logprobs says how many "
                            "alternatives)", param="logprobs", code="invalid_value")
         if req.top_logprobs is not None and not lp:
             raise APIError(400, "top_logprobs needs logprobs true", param="top_logprobs", code="invalid_value")
-        return (req.top_logprobs or 0) if lp else None
-    if isinstance(lp, bool):
-        raise APIError(400, "logprobs in a completion request is the number of alternatives a token (0..20), "
-                       "not true or false", param="logprobs", code="invalid_value")
-    if req.top_logprobs is not None:
-        raise APIError(400, "top_logprobs is a chat request's field; a completion takes logprobs (0..20)",
-                       param="top_logprobs", code="invalid_value")
-    if lp is not None:
-        return lp
+        if lp:
+            return ranged("top_logprobs", req.top_logprobs or 0)
+    else:
+        if isinstance(lp, bool):
+            raise APIError(400, "logprobs in a completion request is the number of alternatives a token "
+                           f"(0..{MAX_LOGPROBS}), not true or false", param="logprobs", code="invalid_value")
+        if req.top_logprobs is not None:
+            raise APIError(400, "top_logprobs is a chat request's field; a completion takes logprobs "
+                           f"(0..{MAX_LOGPROBS})", param="top_logprobs", code="invalid_value")
+        if lp is not None:
+            return ranged("logprobs", lp)
     return req.n_probs if req.n_probs > 0 else None
 
 
@@ -726,14 +738,12 @@ def _params(req: _GenRequest) -> SamplingParams:
     p = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
                        repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n, seed=req.seed, stop=stop,
                        samplers=samplers, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms,
-                       logprobs=_logprobs_asked(req))
+                       logprobs=_logprobs_asked(req), min_keep=req.min_keep)
     try:
         p.validate()
     except ValueError as e:
         msg = str(e)
-        param = ("samplers" if "sampler" in msg else
-                 ("top_logprobs" if isinstance(req, ChatRequest) else "n_probs" if req.logprobs is None else "logprobs")
-                 if "logprobs" in msg else None)
+        param = next((f for f in ("samplers", "min_keep") if f in msg), "samplers" if "sampler" in msg else None)
         raise APIError(400, msg, param=param, code="invalid_value") from None
     return p
 
@@ -755,16 +765,27 @@ def _lp_entries(llm: LLM, lps: list[TokenLogprob], with_id: bool) -> list[dict[s
     return [{**entry(e.id, e.logprob), "top_logprobs": [entry(i, lp) for i, lp in e.top]} for e in lps]
 
 
-def _completion_logprobs(llm: LLM, lps: list[TokenLogprob]) -> dict[str, Any]:
+def _completion_logprobs(llm: LLM, lps: list[TokenLogprob], shift: int = 0,
+                         echo: tuple[list[int], list[TokenLogprob | None]] | None = None) -> dict[str, Any]:
     """OpenAI's (legacy) completion choice logprobs: tokens, token_logprobs, top_logprobs (a map
     token text -> logprob a token) and text_offset (where each token's text starts in the
-    choice's text, characters)."""
+    choice's text, characters; ``shift`` added). ``echo``: the prompt's ids and their
+    LLM.prompt_logprobs first (the first token's logprob and top_logprobs null, as OpenAI's)."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for i, e in zip(*echo) if echo else ():
+        out["tokens"].append(_lp_piece(llm, i)[0])
+        out["token_logprobs"].append(None if e is None else e.logprob)
+        out["top_logprobs"].append(None if e is None else {**{_lp_piece(llm, j)[0]: lp for j, lp in e.top},
+                                                           out["tokens"][-1]: e.logprob})
+        out["text_offset"].append(0 if e is None else e.offset)
     for e in lps:
         out["tokens"].append(_lp_piece(llm, e.id)[0])
         out["token_logprobs"].append(e.logprob)
-        out["top_logprobs"].append({_lp_piece(llm, i)[0]: lp for i, lp in e.top})
-        out["text_offset"].append(e.offset)
+        # OpenAI: "the API will always return the logprob of the sampled token", up to n + 1 entries
+        top = {_lp_piece(llm, i)[0]: lp for i, lp in e.top}
+        top.setdefault(out["tokens"][-1], e.logprob)
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(e.offset + shift)
     return out
 
 
@@ -1052,31 +1073,45 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         n = max_tokens(req, 16)
         cid = f"cmpl-{uuid.uuid4().hex}"
 
-        def piece(text: str, finish: str | None, index: int = 0,
-                  lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        def piece(text: str, finish: str | None, index: int = 0, lps: list[TokenLogprob] | None = None,
+                  shift: int = 0, echo: Any = None) -> dict[str, Any]:
+            lp = _completion_logprobs(llm, lps, shift, echo) if lps is not None else None
             return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
-                    "choices": [{"text": text, "index": index,
-                                 "logprobs": _completion_logprobs(llm, lps) if lps is not None else None,
-                                 "finish_reason": finish}]}
+                    "choices": [{"text": text, "index": index, "logprobs": lp, "finish_reason": finish}]}
+
+        async def echoed(b: list[int]) -> tuple[str, Any]:
+            """OpenAI's echo: the prompt's text (as the model reads it: detokenized, special
+            tokens included) and, with logprobs, its ids and LLM.prompt_logprobs, computed on the
+            generation thread (its K/V then stay in the cache for the generation after it)."""
+            if not req.echo:
+                return "", None
+            text = llm.detokenize(b)
+            if params.logprobs is None:
+                return text, None
+            lps = await asyncio.get_running_loop().run_in_executor(state.worker, llm.prompt_logprobs, b,
+                                                                  params.logprobs)
+            return text, (b, lps)
 
         if len(batch) > 1:  # OpenAI: one choice per prompt, in order (run one after another), usage summed
             choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
                                   "prompt_tokens_details": {"cached_tokens": 0}}
             for i, b in enumerate(batch):
+                head, echo = await echoed(b)
                 res = await _run(state, request, llm, b, params, n, req.cache_prompt)
-                choices += piece(res.text, res.finish_reason, i, res.logprobs)["choices"]
+                choices += piece(head + res.text, res.finish_reason, i, res.logprobs, len(head), echo)["choices"]
                 u = _usage(len(b), res)
                 for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
                     usage[k] += u[k]
                 usage["prompt_tokens_details"]["cached_tokens"] += u["prompt_tokens_details"]["cached_tokens"]
             return JSONResponse({**piece("", None), "choices": choices, "usage": usage})
 
+        head, echo = await echoed(ids)
         if req.stream:
-            def first() -> list[dict[str, Any]]:
-                return []
+            def first() -> list[dict[str, Any]]:  # the echoed prompt comes first, as vLLM streams it
+                return [piece(head, None, 0, [] if echo else None, 0, echo)] if req.echo else []
 
             def delta(text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
-                return piece(text, None, 0, lps if params.logprobs is not None else None)
+                return piece(text, None, 0, lps if params.logprobs is not None else None, len(head))
 
             def final(res: GenerationResult) -> dict[str, Any]:
                 d = piece("", res.finish_reason)
@@ -1087,7 +1122,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             return _sse(state, request, llm, ids, params, n, first, delta, final,
                         usage_piece=piece if _include_usage(req) else None, cache=req.cache_prompt)
         res = await _run(state, request, llm, ids, params, n, req.cache_prompt)
-        out = piece(res.text, res.finish_reason, 0, res.logprobs)
+        out = piece(head + res.text, res.finish_reason, 0, res.logprobs, len(head), echo)
         out["usage"] = _usage(len(ids), res)
         out["timings"] = _timings(res)
         return JSONResponse(out)
@@ -1199,6 +1234,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
     async def native_completion(request: Request, req: _GenRequest, llm: LLM, batch: list[list[int]]) -> Any:
         """llama.cpp's response to /completion (and /infill) for the prompts ``batch``."""
+        if req.echo:
+            raise APIError(400, "not supported by this server: echo (OpenAI's /v1/completions echoes its prompt; "
+                           "llama.cpp's /completion does not)", param="echo", code="unsupported_parameter")
         ids = batch[0]
         params = _params(req)
         n = max_tokens(req, None)
@@ -1208,7 +1246,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                      if probs and res.logprobs is not None else {})
             return {"content": content, "id_slot": 0, "stop": True, "model": state.model_id, **extra,
                     "tokens_predicted": len(res.generated_ids), "tokens_evaluated": len(ids),
-                    "tokens_cached": int(res.timings.get("cached_tokens", 0)),
+                    # llama.cpp's: the tokens the KV cache holds now (every generated token but
+                    # the last has been evaluated); the prompt tokens reused are timings.cache_n
+                    "tokens_cached": len(ids) + max(len(res.generated_ids) - 1, 0),
                     "truncated": False, "stop_type": _STOP_TYPES[res.stop_reason], "stopping_word": res.stop_word,
                     "timings": _timings(res)}
 
@@ -1266,7 +1306,8 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
     it = llm.generate(ids, max_tokens=n, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                       min_p=params.min_p, repeat_penalty=params.repeat_penalty, repeat_last_n=params.repeat_last_n,
                       seed=params.seed, stop=params.stop, stream=True, cache_prompt=cache, samplers=params.samplers,
-                      n_indent=params.n_indent, t_max_predict_ms=params.t_max_predict_ms, logprobs=params.logprobs)
+                      n_indent=params.n_indent, t_max_predict_ms=params.t_max_predict_ms, logprobs=params.logprobs,
+                      min_keep=params.min_keep)
     assert not isinstance(it, GenerationResult)
     try:
         for ch in it:

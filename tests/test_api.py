@@ -386,9 +386,37 @@ def test_logprobs(llm):
     # streamed: every entry once, with the chunk its text starts in
     chunks = list(llm.generate("1\n2\n3\n", max_tokens=6, temperature=0, logprobs=1, stream=True))
     assert [e.id for ch in chunks for e in ch.logprobs] == r.generated_ids
-    for bad, exc in ((21, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError)):
+    assert len(llm.generate("Hi", max_tokens=1, logprobs=50).logprobs[0].top) == 50  # no cap in Python
+    for bad, exc in ((-1, ValueError), (True, TypeError), (1.0, TypeError)):
         with pytest.raises(exc, match="logprobs"):
             llm.generate("Hi", max_tokens=1, logprobs=bad)
+
+
+def test_prompt_logprobs(llm):
+    """LLM.prompt_logprobs: None for the first token, then each token's log-softmax given the
+    tokens before it (checked against one forward's rows), offsets into the detokenized prompt;
+    the prompt stays cached, so a generation after it prefills only its last token."""
+    import numpy as np
+
+    ids = llm.tokenize("The capital of France is Paris.")
+    out = llm.prompt_logprobs(ids, logprobs=2)
+    assert out[0] is None and len(out) == len(ids)
+    m = llm.model
+    rows = m.forward(ids, 0, list(range(len(ids))), logits=True)
+    for j in range(1, len(ids)):
+        ls = _log_softmax(rows[j - 1])
+        assert out[j].id == ids[j] and abs(out[j].logprob - ls[ids[j]]) < 1e-9
+        assert [i for i, _ in out[j].top] == list(np.argsort(-ls, kind="stable")[:2])
+        assert out[j].offset == len(llm.detokenize(ids[:j]))
+    llm.prompt_logprobs(ids)
+    r = llm.generate(ids, max_tokens=1, temperature=0)
+    assert r.timings["cached_tokens"] == len(ids) - 1
+    with pytest.raises(ValueError, match="empty"):
+        llm.prompt_logprobs("")
+    with pytest.raises(ValueError, match=">= 0"):
+        llm.prompt_logprobs("Hi", logprobs=-1)
+    with pytest.raises(TypeError, match="logprobs must be an int"):
+        llm.prompt_logprobs("Hi", logprobs=1.5)
 
 
 def test_logprobs_speculative_equal_plain():

@@ -86,6 +86,18 @@ def test_a_setting_outside_the_chain_does_nothing():
     assert set(Counter(empty.sample(logits, []) for _ in range(300))) >= {0, 1, 2}
 
 
+def test_min_keep_floors_top_p_and_min_p():
+    """llama.cpp's min_keep: top_p and min_p leave at least that many candidates."""
+    logits = np.array([5.0, 1.0, 0.5, 0.2], np.float32)
+    for kw in (dict(top_p=0.01, min_p=0.0), dict(top_p=1.0, min_p=0.5)):
+        s = Sampler(SamplingParams(temperature=1.0, top_k=0, seed=1, **kw))
+        assert {s.sample(logits, []) for _ in range(500)} == {0}
+        s = Sampler(SamplingParams(temperature=1.0, top_k=0, seed=1, min_keep=3, **kw))
+        assert {s.sample(logits, []) for _ in range(3000)} == {0, 1, 2}
+    with pytest.raises(ValueError, match="min_keep must be >= 0"):
+        SamplingParams(min_keep=-1).validate()
+
+
 def test_penalty_later_in_the_chain_acts_on_the_candidates():
     """penalties after top_k: the top-k is taken on the raw logits, then the penalty reorders it."""
     logits = np.array([3.0, 2.0, 1.0, 0.5], np.float32)

@@ -398,7 +398,7 @@ def test_unhandled_error_is_a_500_and_the_connection_survives(monkeypatch):
 
 
 def test_unsupported_openai_fields_are_refused_not_ignored():
-    """echo, penalties other than repeat_penalty, tools, ...: a 400 naming the field when
+    """penalties other than repeat_penalty, tools, ...: a 400 naming the field when
     a request asks for them (a silently ignored field is a wrong answer); neutral values pass."""
     from pyminfer import LLM
     from pyminfer.server import ServerState
@@ -407,7 +407,7 @@ def test_unsupported_openai_fields_are_refused_not_ignored():
     state = ServerState(lambda: LLM(path, device="cpu", n_ctx=128), aliases=[MODEL])
     base = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
     with _serving(state, 60) as c:
-        for extra in ({"echo": True}, {"frequency_penalty": 0.5},
+        for extra in ({"frequency_penalty": 0.5},
                       {"presence_penalty": -1}, {"best_of": 3}, {"logit_bias": {"10": 5}}):
             r = c.post("/v1/completions", json={**base, **extra})
             assert r.status_code == 400 and next(iter(extra)) in r.json()["error"]["message"], (extra, r.text)
@@ -766,7 +766,7 @@ UNIMPLEMENTED = [
     ("chat_template_kwargs", {"enable_thinking": False}),
     ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("functions", [{"name": "f"}]), ("function_call", "auto_x"), ("response_format", {"type": "json_object"}),
-    ("echo", True), ("best_of", 2),
+    ("best_of", 2),
 ]
 
 
@@ -788,8 +788,8 @@ def test_penalty_hint_only_for_openai_penalties(local):
     for field in ("frequency_penalty", "presence_penalty"):
         err = _error(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, field: 0.5}))
         assert err["param"] == field and "use repeat_penalty" in err["message"]
-    err = _error(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "echo": True}))
-    assert "repeat_penalty" not in err["message"] and "not echoed" in err["message"]
+    err = _error(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "best_of": 2}))
+    assert "repeat_penalty" not in err["message"] and "one candidate" in err["message"]
 
 
 def test_neutral_and_harmless_fields_are_accepted(local):
@@ -930,17 +930,18 @@ def test_mixed_prompt(local, monkeypatch):
 
 def test_cache_prompt(local):
     """Requests reuse the K/V of the prefix they share with the last request (llama.cpp's
-    cache_prompt, default true): reported as tokens_cached and OpenAI's
-    usage.prompt_tokens_details.cached_tokens; cache_prompt false prefills the whole prompt; the
-    text is the same either way (CPU)."""
+    cache_prompt, default true): reported as timings.cache_n and OpenAI's
+    usage.prompt_tokens_details.cached_tokens (tokens_cached is llama.cpp's: what the cache holds
+    after the request); cache_prompt false prefills the whole prompt; the text is the same either
+    way (CPU)."""
     c, state = local
     body = {"prompt": "Once upon a time, in a land far away, there lived", "temperature": 0, "n_predict": 6}
     first = c.post("/completion", json={**body, "cache_prompt": False}).json()
-    assert first["tokens_cached"] == 0 and first["timings"]["prompt_n"] == first["tokens_evaluated"]
+    assert first["tokens_cached"] == first["tokens_evaluated"] + first["tokens_predicted"] - 1
+    assert first["timings"]["prompt_n"] == first["tokens_evaluated"]
     assert first["timings"]["cache_n"] == 0
     again = c.post("/completion", json=body).json()
-    assert again["tokens_cached"] == again["tokens_evaluated"] - 1 and again["content"] == first["content"]
-    assert again["timings"]["cache_n"] == again["tokens_cached"]
+    assert again["timings"]["cache_n"] == again["tokens_evaluated"] - 1 and again["content"] == first["content"]
     r = c.post("/v1/completions", json={"prompt": body["prompt"], "temperature": 0, "max_tokens": 6}).json()
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == r["usage"]["prompt_tokens"] - 1
     assert r["choices"][0]["text"] == first["content"]
@@ -963,7 +964,8 @@ def test_llama_cpp_completion_endpoint(local):
     assert d["timings"]["predicted_n"] == 4
     # the same prompt again: all of it but its last token comes from the cache (llama.cpp's
     # cache_prompt; prompt_n counts the tokens prefilled, tokens_evaluated the whole prompt)
-    assert d["tokens_cached"] == d["tokens_evaluated"] - 1 and d["timings"]["prompt_n"] == 1
+    assert d["timings"]["cache_n"] == d["tokens_evaluated"] - 1 and d["timings"]["prompt_n"] == 1
+    assert d["tokens_cached"] == d["tokens_evaluated"] + 3  # llama.cpp's: the cache holds prompt + 4 - 1
     # a token-id prompt gives the same; a stop string is reported as llama.cpp does
     ids = state.llm.tokenize(body["prompt"])
     assert c.post("/completion", json={**body, "prompt": ids, "n_predict": 4}).json()["content"] == d["content"]
@@ -1336,13 +1338,63 @@ def test_logprobs_in_each_api_shape(local):
     for path, body, param in (("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
                               ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
                               ("/v1/completions", {"prompt": "x", "top_logprobs": 2}, "top_logprobs"),
-                              ("/completion", {"prompt": "x", "n_probs": 21}, "n_probs"),
                               ("/v1/chat/completions", {"messages": msgs, "logprobs": 2}, "logprobs"),
                               ("/v1/chat/completions", {"messages": msgs, "top_logprobs": 2}, "top_logprobs"),
                               ("/v1/chat/completions", {"messages": msgs, "logprobs": True, "top_logprobs": 30},
                                "top_logprobs")):
         err = _error(c.post(path, json={**base, **body}))
         assert err["param"] == param, (path, body, err)
+    # llama.cpp's n_probs has no limit of 20, and a chat takes it too (llama.cpp passes it through)
+    many = c.post("/completion", json={**base, "prompt": "x", "max_tokens": 1, "n_probs": 25}).json()
+    assert len(many["completion_probabilities"][0]["top_logprobs"]) == 25
+    ch2 = c.post("/v1/chat/completions", json={**base, "messages": msgs, "n_probs": 1}).json()["choices"][0]
+    assert ch2["logprobs"]["content"] == content
+    # a sampled token outside the top n is still in its completion entry (OpenAI: up to n + 1)
+    hot = c.post("/v1/completions", json={"prompt": "The weather today is", "max_tokens": 12, "seed": 5,
+                                          "temperature": 1.5, "samplers": [], "logprobs": 1}).json()
+    lp = hot["choices"][0]["logprobs"]
+    assert all(t in top and len(top) <= 2 for t, top in zip(lp["tokens"], lp["top_logprobs"]))
+    assert any(len(top) == 2 for top in lp["top_logprobs"]), lp  # some token was not the most likely
+
+
+def test_echo_with_prompt_logprobs(local):
+    """OpenAI's echo on /v1/completions, as evaluation harnesses send it (lm-eval's
+    local-completions: token-id prompts in a batch, max_tokens 1, echo, logprobs 1): the prompt's
+    text first, its tokens' logprobs (the first null) equal to LLM.prompt_logprobs, then the
+    generated token's; offsets index the echoed text; streamed, the echo is the first piece. A
+    chat or /completion refuses echo."""
+    c, state = local
+    llm = state.llm
+    a, b = llm.tokenize("The capital of France is"), llm.tokenize("1\n2\n3\n")
+    r = c.post("/v1/completions", json={"prompt": [a, b], "max_tokens": 1, "temperature": 0, "echo": True,
+                                        "logprobs": 1, "cache_prompt": False}).json()
+    for ids, ch in zip((a, b), r["choices"]):
+        lp = ch["logprobs"]
+        want = llm.prompt_logprobs(ids, 1)
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["token_logprobs"][1:len(ids)] == [e.logprob for e in want[1:]]
+        assert len(lp["tokens"]) == len(ids) + 1 and ch["text"].startswith(llm.detokenize(ids))
+        assert all(ch["text"][o:].startswith(t) for o, t in zip(lp["text_offset"], lp["tokens"]))
+        gen = llm.generate(ids, max_tokens=1, temperature=0, logprobs=1)
+        assert lp["token_logprobs"][-1] == gen.logprobs[0].logprob and ch["text"] == llm.detokenize(ids) + gen.text
+    plain = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0, "echo": True}).json()
+    assert plain["choices"][0]["text"].startswith("Hi") and plain["choices"][0]["logprobs"] is None
+    pieces = []
+    with c.stream("POST", "/v1/completions", json={"prompt": "1\n2\n", "max_tokens": 2, "temperature": 0,
+                                                   "echo": True, "logprobs": 0, "stream": True}) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                pieces.append(json.loads(line[6:])["choices"][0])
+    assert pieces[0]["text"] == "1\n2\n" and pieces[0]["logprobs"]["token_logprobs"][0] is None
+    whole = c.post("/v1/completions", json={"prompt": "1\n2\n", "max_tokens": 2, "temperature": 0, "echo": True,
+                                            "logprobs": 0}).json()["choices"][0]
+    assert "".join(p["text"] for p in pieces) == whole["text"]
+    assert sum((p["logprobs"]["token_logprobs"] for p in pieces if p["logprobs"]), []) == \
+        whole["logprobs"]["token_logprobs"]
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                       ("/completion", {"prompt": "Hi"})):
+        err = _error(c.post(path, json={**body, "max_tokens": 1, "echo": True}))
+        assert err["param"] == "echo" and err["code"] == "unsupported_parameter", err
 
 
 def test_every_sampling_setting_reaches_the_generation(monkeypatch):
@@ -1383,7 +1435,8 @@ def test_n_predict_0_warms_the_cache(local):
     w = c.post("/completion", json={"prompt": p, "n_predict": 0}).json()
     assert w["content"] == "" and w["tokens_predicted"] == 0 and w["timings"]["prompt_n"] == w["tokens_evaluated"]
     r = c.post("/completion", json={"prompt": p + " And then", "n_predict": 1}).json()
-    assert r["tokens_cached"] == w["tokens_evaluated"] and r["timings"]["prompt_n"] == r["tokens_evaluated"] \
+    assert w["tokens_cached"] == w["tokens_evaluated"]
+    assert r["timings"]["cache_n"] == w["tokens_evaluated"] and r["timings"]["prompt_n"] == r["tokens_evaluated"] \
         - w["tokens_evaluated"], r
 
 
