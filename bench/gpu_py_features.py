@@ -51,7 +51,9 @@ def main(path: str) -> int:
     # (tests/test_cuda.py's module doc): logits agree to ~0.1 on this model, not bitwise
     check(n >= 8 and diff < 0.25, f"GPU vs CPU: {n} tokens equal, max logprob difference {diff:.2e}")
     pdiff = max(abs(a.logprob - b.logprob) for a, b in zip(scored, lp.logprobs))
-    check(pdiff < 0.1 and [e.id for e in scored] == lp.generated_ids,
+    # bench/gpu_lp_probe.py on SmolLM2 (session 30): each GPU path is as far from the CPU as from
+    # the other (max 0.17-0.19, median 0.02-0.03 nats over 36 tokens)
+    check(pdiff < 0.25 and [e.id for e in scored] == lp.generated_ids,
           f"prompt_logprobs of the generated text vs decoding's logprobs: max difference {pdiff:.2e}")
     check(chain.finish_reason in ("stop", "length") and len(chain.generated_ids) > 0,
           f"infill chain + n_indent: {len(chain.generated_ids)} tokens, stop_reason {chain.stop_reason}")
