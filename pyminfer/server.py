@@ -1374,8 +1374,9 @@ def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params:
          usage_piece: Callable[..., dict[str, Any]] | None = None, done_marker: bool = True,
          cache: bool = True) -> StreamingResponse:
     """A streaming generation as server-sent events: ``data: {json}`` chunks (``first()``, then
-    ``delta(text, logprobs)`` per piece with text or token logprobs, then ``final(result)``, then a usage-only chunk from ``usage_piece``
-    when given: OpenAI's ``stream_options.include_usage``, where every other chunk then has
+    ``delta(text, logprobs)`` per piece with text or token logprobs, then ``final(result)``, then a
+    usage-only chunk from ``usage_piece`` when given: OpenAI's ``stream_options.include_usage``,
+    where every other chunk then has
     ``"usage": null``), then ``data: [DONE]`` unless ``done_marker`` is false (llama.cpp's
     /completion has none). The generation stops at the next token when the client disconnects."""
     if state.closing.is_set():  # a 503 response, not a 200 stream that holds only the error
