@@ -77,7 +77,7 @@ def _ngram(args: argparse.Namespace) -> Any:
     return NgramSpec(n=args.spec_ngram_size_n, m=args.spec_ngram_size_m)
 
 
-def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+def _add_sampling_args(p: argparse.ArgumentParser, stop: bool = True) -> None:
     # the defaults are llama.cpp's (common/common.h), so the same flags sample the same way
     p.add_argument("--temp", type=float, default=0.8,
                    help="temperature; <= 0: greedy, as llama.cpp (default: %(default)s)")
@@ -88,7 +88,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-last-n", type=int, default=64,
                    help="tokens the penalty looks back over; 0: off, -1: the whole context (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (-1 or absent: random)")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    if stop:
+        p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--samplers", default=None, metavar="SAMPLERS",
                    help="the sampler chain in order, separated by ';', as llama.cpp: penalties, top_k, top_p, "
                         "min_p, temperature, infill (dry, typ_p, xtc, top_n_sigma do nothing; llama.cpp's other "
@@ -134,7 +135,7 @@ def _params(args: argparse.Namespace) -> Any:
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
                           seed=None if args.seed is None or args.seed < 0 else args.seed,  # -1: random, as llama.cpp
-                          stop=list(args.stop), samplers=_chain(args))
+                          stop=list(getattr(args, "stop", [])), samplers=_chain(args))
 
 
 def _chain(args: argparse.Namespace) -> tuple[str, ...] | None:
@@ -400,6 +401,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server import main_serve  # MissingExtraError without fastapi / uvicorn
 
     _check_common(args)  # bad flags end here, not in every request once the server is up
+    _params(args).validate()
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     from .models import MODELS, cache_dir, check_known_model, resolve_model
@@ -498,6 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080, help="TCP port (0..65535)")
+    # as llama-server: the sampling flags set the defaults of requests that leave those fields out
+    _add_sampling_args(s, stop=False)
     s.add_argument("--no-prefill-assistant", action="store_true",
                    help="a chat ending with an assistant message gets a new answer instead of that message "
                         "continued (llama.cpp's server flag; a request's continue_final_message still decides)")

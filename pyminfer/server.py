@@ -610,8 +610,11 @@ class ServerState:
     """The model (None while loading), the single worker thread and the metrics."""
 
     def __init__(self, loader: Callable[[], LLM], aliases: list[str] | None = None, *,
-                 prefill_assistant: bool = True):
+                 prefill_assistant: bool = True, defaults: SamplingParams | None = None):
         self.loader = loader
+        # sampling settings for requests that leave them out (`pyminfer serve --temp ...`, as
+        # llama-server's flags); None: the request fields' own defaults (llama.cpp's)
+        self.defaults = defaults
         # a chat whose last message is the assistant's continues that message (llama.cpp's server
         # default; `pyminfer serve --no-prefill-assistant` turns it off) unless the request says
         self.prefill_assistant = prefill_assistant
@@ -727,8 +730,16 @@ def _logprobs_asked(req: _GenRequest) -> int | None:
     return req.n_probs if req.n_probs > 0 else None
 
 
-def _params(req: _GenRequest) -> SamplingParams:
+# The request fields a server default (ServerState.defaults) stands in for when a request leaves
+# them out (SamplingParams has the same names).
+_DEFAULTED = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "samplers")
+
+
+def _params(req: _GenRequest, defaults: SamplingParams | None = None) -> SamplingParams:
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if defaults is not None:
+        given = req.model_fields_set
+        req = req.model_copy(update={k: getattr(defaults, k) for k in _DEFAULTED if k not in given})
     samplers = req.samplers
     if isinstance(samplers, dict):
         if samplers:
@@ -901,7 +912,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
     async def props() -> JSONResponse:
         """llama.cpp's server properties, the fields its clients read."""
         llm = state.require()
-        defaults = {k: _GenRequest.model_fields[k].default
+        dp = state.defaults
+        defaults = {k: getattr(dp, k) if dp is not None else _GenRequest.model_fields[k].default
                     for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n")}
         with state.metrics.lock:
             busy = state.metrics.processing > 0
@@ -911,8 +923,10 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                 "is_processing": busy,
                 # n_predict -1: until end of generation or a full context (/completion's default);
                 # seed -1: random
-                "params": {"n_predict": -1, "seed": -1, **defaults, "stop": [], "stream": False,
-                           "samplers": list(DEFAULT_SAMPLERS), "n_indent": 0, "t_max_predict_ms": -1}},
+                "params": {"n_predict": -1, "seed": -1 if dp is None or dp.seed is None else dp.seed, **defaults,
+                           "stop": [], "stream": False,
+                           "samplers": list(dp.chain if dp is not None else DEFAULT_SAMPLERS), "n_indent": 0,
+                           "t_max_predict_ms": -1}},
             "total_slots": 1,
             "model_path": str(llm.model_path),
             "chat_template": llm.tokenizer.chat_template or "",
@@ -1069,7 +1083,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         llm = check_model(req)
         batch = await _off_loop(completion_prompts, req, llm)
         ids = batch[0]
-        params = _params(req)
+        params = _params(req, state.defaults)
         n = max_tokens(req, 16)
         cid = f"cmpl-{uuid.uuid4().hex}"
 
@@ -1168,7 +1182,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         llm = check_model(req)
         ids = await _off_loop(lambda: chat_prompt(llm, req, ids=True))
         check_prompt(llm, ids, param="messages")
-        params = _params(req)
+        params = _params(req, state.defaults)
         n = max_tokens(req, None)
         cid = f"chatcmpl-{uuid.uuid4().hex}"
 
@@ -1238,7 +1252,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             raise APIError(400, "not supported by this server: echo (OpenAI's /v1/completions echoes its prompt; "
                            "llama.cpp's /completion does not)", param="echo", code="unsupported_parameter")
         ids = batch[0]
-        params = _params(req)
+        params = _params(req, state.defaults)
         n = max_tokens(req, None)
 
         def final(res: GenerationResult, content: str, ids: list[int] = ids, probs: bool = True) -> dict[str, Any]:
@@ -1514,8 +1528,11 @@ def main_serve(args: Any) -> int:
 
     from .models import DEFAULT_MODEL
 
+    from .cli import _params as cli_params
+
+    defaults = cli_params(args) if hasattr(args, "temp") else None
     state = ServerState(loader, aliases=[args.model or DEFAULT_MODEL],
-                        prefill_assistant=not getattr(args, "no_prefill_assistant", False))
+                        prefill_assistant=not getattr(args, "no_prefill_assistant", False), defaults=defaults)
     app = create_app(state)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,
                             timeout_graceful_shutdown=3)

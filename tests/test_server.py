@@ -1505,3 +1505,33 @@ def test_no_prefill_assistant_flag_parses():
     ap = build_parser()
     assert ap.parse_args(["serve", "--no-prefill-assistant"]).no_prefill_assistant is True
     assert ap.parse_args(["serve"]).no_prefill_assistant is False
+
+
+def test_serve_sampling_flags_set_request_defaults(smol_path):
+    """`pyminfer serve --temp 0 --top-k 1 --samplers ...`, as llama-server's flags: the defaults
+    of requests that leave those fields out (and /props says so); a request's own value wins; a
+    bad flag value ends `serve` before it starts."""
+    import subprocess
+
+    from pyminfer import LLM
+    from pyminfer.cli import _params, build_parser
+    from pyminfer.server import ServerState
+
+    args = build_parser().parse_args(["serve", "--temp", "0", "--top-k", "7", "--seed", "5",
+                                      "--samplers", "top_k;temperature"])
+    defaults = _params(args)
+    llm = LLM(str(smol_path), device="cpu", n_ctx=256)
+    with _serving(ServerState(lambda: llm, defaults=defaults), 60) as c:
+        body = {"prompt": "The capital of France is", "max_tokens": 6, "cache_prompt": False}
+        greedy = llm.generate(body["prompt"], max_tokens=6, temperature=0, cache_prompt=False).text
+        texts = {c.post("/completion", json=body).json()["content"] for _ in range(3)}
+        assert texts == {greedy}, texts  # temperature 0 by default now
+        hot = {c.post("/completion", json={**body, "temperature": 2.0, "top_k": 0, "seed": s}).json()["content"]
+               for s in range(4)}
+        assert len(hot) > 1, hot  # the request's own values win
+        p = c.get("/props").json()["default_generation_settings"]["params"]
+        assert (p["temperature"], p["top_k"], p["seed"], p["samplers"]) == (0.0, 7, 5, ["top_k", "temperature"])
+    llm.close()
+    out = subprocess.run([sys.executable, "-m", "pyminfer", "serve", "-m", str(smol_path), "--samplers", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "unknown sampler 'nope'" in out.stderr and "Traceback" not in out.stderr
