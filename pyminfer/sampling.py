@@ -56,24 +56,17 @@ def parse_samplers(value: str | Sequence[str], *, alt_names: bool = False) -> tu
     a string of one-letter codes (``"kpi"``, SAMPLER_CODES) or of names separated by ';' (its CLI's
     ``--samplers top_k;top_p``); ``alt_names``: also ALT_SAMPLER_NAMES, as its CLI. Raises
     ValueError naming an unknown sampler."""
-    if alt_names:
-        value = value.split(";") if isinstance(value, str) and ";" in value else value
-        if not isinstance(value, str):
-            value = [ALT_SAMPLER_NAMES.get(v, v) if isinstance(v, str) else v for v in value]
-        elif value in ALT_SAMPLER_NAMES:
-            value = ALT_SAMPLER_NAMES[value]
+    alt = ALT_SAMPLER_NAMES if alt_names else {}
     if isinstance(value, str):
-        if ";" in value or value in SAMPLER_CODES:
-            names = [v for v in value.split(";") if v]
-        else:
+        if ";" not in value and value not in SAMPLER_CODES and value not in alt:  # letter codes
             by_code = {c: n for n, c in SAMPLER_CODES.items()}
             bad = [c for c in value if c not in by_code]
             if bad:
                 raise ValueError(f"unknown sampler code {bad[0]!r} in {value!r} (codes: "
                                  + ", ".join(f"{c} = {n}" for n, c in SAMPLER_CODES.items()) + ")")
             return tuple(by_code[c] for c in value)
-    else:
-        names = list(value)
+        value = [v for v in value.split(";") if v]
+    names = [alt.get(n, n) if isinstance(n, str) else n for n in value]
     for n in names:
         if not isinstance(n, str) or n not in SAMPLER_CODES:
             raise ValueError(f"unknown sampler {n!r} (known: {', '.join(SAMPLER_CODES)})")
@@ -191,14 +184,17 @@ def apply_repeat_penalty(logits: np.ndarray, window: Sequence[int], penalty: flo
     # result rounds to exactly the float32 quotient/product (f64 carries > 2*24+2 bits, so the
     # double rounding is innocuous), which keeps every in-range penalty bit-identical to plain f32
     # arithmetic. A penalty outside float32's range (0 or inf as a float32) is used as given.
+    logits[ids] = _penalized(logits[ids].astype(np.float64), penalty).astype(np.float32)
+    return logits
+
+
+def _penalized(v: np.ndarray, penalty: float) -> np.ndarray:
+    """float64 logits ``v`` under llama.cpp's repetition penalty (apply_repeat_penalty), clamped to
+    float32's finite range (a tiny penalty overflows: no +-inf)."""
     with np.errstate(over="ignore", under="ignore"):
         p32 = float(np.float32(penalty))
         p = p32 if 0.0 < p32 < np.inf else float(penalty)
-        v = logits[ids].astype(np.float64)
-        out = np.where(v > 0, v / p, v * p)
-    # a tiny penalty overflows: clamp to float32's finite range instead of +-inf
-    logits[ids] = np.clip(out, -_F32_MAX, _F32_MAX).astype(np.float32)
-    return logits
+        return np.clip(np.where(v > 0, v / p, v * p), -_F32_MAX, _F32_MAX)
 
 
 @dataclass
@@ -215,7 +211,9 @@ class TokenLogprob:
 
 
 def token_logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
-    """TokenLogprob of ``token`` from f32 logits[n_vocab] (log-softmax in float64)."""
+    """TokenLogprob of ``token`` (an id < n_vocab) from f32 logits[n_vocab]: log-softmax in float64
+    (natural log, nats), the min(n_top, n_vocab) most likely ids first. IndexError for an id out
+    of range; NaN logits give NaN values (the samplers refuse NaN rows before this is called)."""
     x = logits.astype(np.float64)
     m = float(x.max())
     lse = m + float(np.log(np.exp(x - m).sum()))
@@ -309,12 +307,8 @@ class Sampler:
                     apply_repeat_penalty(lg, window, p.repeat_penalty)
                 elif len(window):  # later in the chain: on the candidates' (float64) logits
                     hit = np.isin(idx, np.asarray(window, dtype=np.int64))
-                    pen = float(np.float32(p.repeat_penalty))
-                    pen = pen if 0.0 < pen < np.inf else float(p.repeat_penalty)
-                    with np.errstate(over="ignore", under="ignore"):
-                        v = vals[hit]
-                        vals = vals.copy()
-                        vals[hit] = np.clip(np.where(v > 0, v / pen, v * pen), -_F32_MAX, _F32_MAX)
+                    vals = vals.copy()
+                    vals[hit] = _penalized(vals[hit], p.repeat_penalty)
                     ordered = False
             elif name == "top_k":
                 n = lg.size if idx is None else idx.size

@@ -914,7 +914,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         llm = state.require()
         dp = state.defaults
         defaults = {k: getattr(dp, k) if dp is not None else _GenRequest.model_fields[k].default
-                    for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n")}
+                    for k in _DEFAULTED if k not in ("seed", "samplers")}
         with state.metrics.lock:
             busy = state.metrics.processing > 0
         return JSONResponse({
