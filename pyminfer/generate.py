@@ -273,13 +273,17 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     yield Chunk("", [], res)
 
 
+_SCORE_BYTES = 64 << 20  # most bytes of logits prompt_logprobs reads back a forward
+
+
 def prompt_logprobs(model: Model, ids: Sequence[int], n_top: int) -> list[TokenLogprob | None]:
     """Each prompt token's log-probability given the tokens before it (vLLM's prompt_logprobs,
     OpenAI's echo with logprobs): [None] for the first token (nothing predicts it), then a
     TokenLogprob for ids[1:] with the ``n_top`` most likely alternatives; ``offset``: where the
     token's text starts in the prompt's text (``detokenize(ids)``, special tokens included).
 
-    The prompt is evaluated from position 0 in chunks of the model's max_nt with every row's
+    The prompt is evaluated from position 0 in chunks of the model's max_nt rows (fewer where
+    their logits would pass 64 MiB: 110 rows with a 151,936-token vocabulary) with every row's
     logits (on a GPU chunks of more than 8 rows take the tensor-core path, within its tolerance of
     token-by-token decoding; docs/perf.md), so the KV cache then holds it. Raises ValueError for
     an empty prompt or n_top < 0, ContextFull when it does not fit n_ctx.
@@ -291,8 +295,11 @@ def prompt_logprobs(model: Model, ids: Sequence[int], n_top: int) -> list[TokenL
     if len(ids) > model.n_ctx:
         raise ContextFull(f"the prompt has {len(ids)} tokens; the context holds n_ctx={model.n_ctx}")
     out: list[TokenLogprob | None] = [None]
-    for i in range(0, len(ids), model.max_nt):  # the last token too: the cache then holds all of them
-        chunk = list(ids[i:i + model.max_nt])
+    # Rows a forward: max_nt, fewer where their f32 logits would pass _SCORE_BYTES (Qwen's 151,936
+    # vocabulary x 512 rows is 311 MB a forward to read back and hold).
+    step = max(1, min(model.max_nt, _SCORE_BYTES // (4 * model.n_vocab)))
+    for i in range(0, len(ids), step):  # the last token too: the cache then holds all of them
+        chunk = list(ids[i:i + step])
         rows = model.forward(chunk, i, list(range(len(chunk))), logits=True)
         for j, row in enumerate(rows):
             if i + j + 1 < len(ids):

@@ -419,6 +419,30 @@ def test_prompt_logprobs(llm):
         llm.prompt_logprobs("Hi", logprobs=1.5)
 
 
+def test_prompt_logprobs_bounded_chunks(llm, monkeypatch):
+    """prompt_logprobs reads back at most _SCORE_BYTES of logits a forward (Qwen at max_nt 512
+    would be 311 MB): with room for 3 rows it runs forwards of <= 3 rows, and on the CPU (rows
+    bitwise across batch sizes) gives exactly what one forward gives."""
+    from pyminfer import generate as gen
+
+    ids = llm.tokenize("The capital of France is Paris, and of Italy, Rome.")
+    want = llm.prompt_logprobs(ids, logprobs=2)
+    m = llm.model
+    sizes: list[int] = []
+    real = m.forward
+
+    def spy(tokens, *a, **kw):
+        sizes.append(len(tokens))
+        return real(tokens, *a, **kw)
+
+    monkeypatch.setattr(m, "forward", spy)
+    monkeypatch.setattr(gen, "_SCORE_BYTES", 4 * m.n_vocab * 3 + 5)
+    got = llm.prompt_logprobs(ids, logprobs=2)
+    assert sizes and max(sizes) == 3 and sum(sizes) == len(ids) > 6
+    assert [(e.id, e.logprob, e.top, e.offset) for e in got[1:]] == \
+        [(e.id, e.logprob, e.top, e.offset) for e in want[1:]]
+
+
 def test_logprobs_speculative_equal_plain():
     """With a draft the verify rows are bitwise the single-token rows (CPU), so the logprobs are
     exactly those of plain decoding."""
