@@ -344,25 +344,28 @@ class LLM:
         assert res is not None
         return res
 
-    def prompt_logprobs(self, prompt: Prompt, logprobs: int = 0) -> list[TokenLogprob | None]:
+    def prompt_logprobs(self, prompt: Prompt, logprobs: int = 0, *,
+                        cancel: threading.Event | None = None) -> list[TokenLogprob | None]:
         """Each prompt token's log-probability under the model given the tokens before it, with
         the ``logprobs`` most likely alternatives (vLLM's prompt_logprobs; what OpenAI's echo with
         logprobs shows; how evaluation harnesses score a continuation): [None] for the first token,
         then a pyminfer.TokenLogprob for each other (``offset``: where its text starts in the
         prompt's text). The whole prompt is evaluated from position 0 (on a GPU in wide chunks, on
         the tensor-core path: within tolerance of token-by-token decoding) and stays in the KV
-        cache, so a generation after it with the same prompt prefills nothing.
+        cache, so a generation after it with the same prompt prefills nothing. ``cancel``: an
+        event another thread may set; the scoring then stops before its next forward (a chunk of
+        up to max_nt prompt tokens) with pyminfer.ScoringCancelled.
 
         Raises ValueError (empty prompt, logprobs < 0), ContextFull (a ValueError: longer than
         n_ctx), TypeError (a prompt neither str nor ids; logprobs not an int), RuntimeError as
-        :meth:`generate` does.
+        :meth:`generate` does, ScoringCancelled (``cancel`` set).
         """
         ids = self.prompt_ids(prompt)
         n = _integer("logprobs", logprobs)
         self._acquire()
         try:
             self._cache_ids = []  # until it is done the cache holds a mix
-            out = prompt_logprobs(self.model, ids, n)
+            out = prompt_logprobs(self.model, ids, n, cancel.is_set if cancel is not None else None)
             self._cache_ids = list(ids)
             return out
         finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -276,7 +276,12 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
 _SCORE_BYTES = 64 << 20  # most bytes of logits prompt_logprobs reads back a forward
 
 
-def prompt_logprobs(model: Model, ids: Sequence[int], n_top: int) -> list[TokenLogprob | None]:
+class ScoringCancelled(Exception):
+    """prompt_logprobs gave up because its ``cancelled`` callback said so (between forwards)."""
+
+
+def prompt_logprobs(model: Model, ids: Sequence[int], n_top: int,
+                    cancelled: Callable[[], bool] | None = None) -> list[TokenLogprob | None]:
     """Each prompt token's log-probability given the tokens before it (vLLM's prompt_logprobs,
     OpenAI's echo with logprobs): [None] for the first token (nothing predicts it), then a
     TokenLogprob for ids[1:] with the ``n_top`` most likely alternatives; ``offset``: where the
@@ -285,8 +290,10 @@ def prompt_logprobs(model: Model, ids: Sequence[int], n_top: int) -> list[TokenL
     The prompt is evaluated from position 0 in chunks of the model's max_nt rows (fewer where
     their logits would pass 64 MiB: 110 rows with a 151,936-token vocabulary) with every row's
     logits (on a GPU chunks of more than 8 rows take the tensor-core path, within its tolerance of
-    token-by-token decoding; docs/perf.md), so the KV cache then holds it. Raises ValueError for
-    an empty prompt or n_top < 0, ContextFull when it does not fit n_ctx.
+    token-by-token decoding; docs/perf.md), so the KV cache then holds it. ``cancelled``: asked
+    before each forward; True stops the scoring with ScoringCancelled (the cache then holds part of
+    the prompt). Raises ValueError for an empty prompt or n_top < 0, ContextFull when it does not
+    fit n_ctx.
     """
     if len(ids) == 0:
         raise ValueError("the prompt is empty (no tokens): give some text")
@@ -299,6 +306,8 @@ def prompt_logprobs(model: Model, ids: Sequence[int], n_top: int) -> list[TokenL
     # vocabulary x 512 rows is 311 MB a forward to read back and hold).
     step = max(1, min(model.max_nt, _SCORE_BYTES // (4 * model.n_vocab)))
     for i in range(0, len(ids), step):  # the last token too: the cache then holds all of them
+        if cancelled is not None and cancelled():
+            raise ScoringCancelled(f"scoring stopped after {i} of {len(ids)} prompt tokens")
         chunk = list(ids[i:i + step])
         rows = model.forward(chunk, i, list(range(len(chunk))), logits=True)
         for j, row in enumerate(rows):

@@ -42,7 +42,7 @@ except ModuleNotFoundError as e:  # tests: test_missing_server_extra_and_native_
 
 from .api import LLM, ChatTemplateError
 from .cli import package_version
-from .generate import Chunk, GenerationResult
+from .generate import Chunk, GenerationResult, ScoringCancelled
 from .infill import InfillChunk, InfillUnsupportedError, infill_ids
 from .sampling import DEFAULT_SAMPLERS, MAX_LOGPROBS, SamplingParams, TokenLogprob
 from .spec import MAX_DEPTH
@@ -1095,16 +1095,14 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
         async def echoed(b: list[int]) -> tuple[str, Any]:
             """OpenAI's echo: the prompt's text (as the model reads it: detokenized, special
-            tokens included) and, with logprobs, its ids and LLM.prompt_logprobs, computed on the
-            generation thread (its K/V then stay in the cache for the generation after it)."""
+            tokens included) and, with logprobs, its ids and LLM.prompt_logprobs (_score: on the
+            generation thread, whose cache then holds the prompt for the generation after it)."""
             if not req.echo:
                 return "", None
             text = llm.detokenize(b)
             if params.logprobs is None:
                 return text, None
-            lps = await asyncio.get_running_loop().run_in_executor(state.worker, llm.prompt_logprobs, b,
-                                                                  params.logprobs)
-            return text, (b, lps)
+            return text, (b, await _score(state, request, llm, b, params.logprobs))
 
         if len(batch) > 1:  # OpenAI: one choice per prompt, in order (run one after another), usage summed
             choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
@@ -1380,6 +1378,50 @@ async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], p
             raise _shutting_down()
         raise APIError(499, "the client closed the request", code="client_closed")
     return res
+
+
+async def _score(state: ServerState, request: Request, llm: LLM, ids: list[int],
+                 n_top: int) -> list[TokenLogprob | None]:
+    """LLM.prompt_logprobs(ids, n_top) on the generation thread (OpenAI's echo with logprobs),
+    tracked as _run tracks a generation: counted in /metrics' processing, and stopped before its
+    next forward when the client goes away (499, counted as cancelled) or the server shuts down
+    (503)."""
+    if state.closing.is_set():
+        raise _shutting_down()
+    cancel = threading.Event()
+    loop = asyncio.get_running_loop()
+
+    def job() -> list[TokenLogprob | None]:
+        if cancel.is_set():  # gone while queued behind another request
+            raise ScoringCancelled("cancelled before it started")
+        return llm.prompt_logprobs(ids, n_top, cancel=cancel)
+
+    state.track(cancel)
+    with state.metrics.lock:
+        state.metrics.processing += 1
+    try:
+        if await request.is_disconnected():
+            cancel.set()
+        fut = loop.run_in_executor(state.worker, job)
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=0.5)
+            if done:
+                break
+            if await request.is_disconnected():
+                cancel.set()
+        return fut.result()
+    except ScoringCancelled:
+        if state.closing.is_set():
+            raise _shutting_down() from None
+        state.metrics.add(0, 0, None, True)
+        raise APIError(499, "the client closed the request", code="client_closed") from None
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
+    finally:
+        state.untrack(cancel)
+        with state.metrics.lock:
+            state.metrics.processing -= 1
 
 
 def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams, n: int | None,

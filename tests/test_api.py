@@ -443,6 +443,36 @@ def test_prompt_logprobs_bounded_chunks(llm, monkeypatch):
         [(e.id, e.logprob, e.top, e.offset) for e in want[1:]]
 
 
+def test_prompt_logprobs_cancel(llm, monkeypatch):
+    """LLM.prompt_logprobs(cancel=event): set from elsewhere, the scoring stops before its next
+    forward with ScoringCancelled; the LLM then serves the next call (no stale cache claimed)."""
+    import threading
+
+    from pyminfer.generate import ScoringCancelled
+
+    ids = llm.tokenize("alpha beta gamma delta " * 40)
+    m = llm.model
+    assert len(ids) > 2 * m.max_nt
+    ev = threading.Event()
+    calls: list[int] = []
+    real = m.forward
+
+    def spy(tokens, *a, **kw):
+        calls.append(len(tokens))
+        ev.set()
+        return real(tokens, *a, **kw)
+
+    monkeypatch.setattr(m, "forward", spy)
+    with pytest.raises(ScoringCancelled):
+        llm.prompt_logprobs(ids, 1, cancel=ev)
+    assert calls == [m.max_nt]
+    monkeypatch.undo()
+    with pytest.raises(ScoringCancelled):  # already set: nothing runs
+        llm.prompt_logprobs(ids, 1, cancel=ev)
+    r = llm.generate(ids[:5], max_tokens=1, temperature=0)
+    assert r.timings["cached_tokens"] == 0
+
+
 def test_logprobs_speculative_equal_plain():
     """With a draft the verify rows are bitwise the single-token rows (CPU), so the logprobs are
     exactly those of plain decoding."""

@@ -1101,6 +1101,38 @@ def test_shutdown_ends_streams_with_an_error_event(local):
         assert metrics["pyminfer_request_errors_total"] == 3 and metrics["pyminfer_requests_cancelled_total"] == 0, metrics
 
 
+def test_shutdown_stops_echo_scoring(local, monkeypatch):
+    """OpenAI's echo with logprobs scores the prompt (LLM.prompt_logprobs) before generating; that
+    scoring is tracked as a generation is: the server shutting down during it stops it before its
+    next forward and answers 503 (it ran every chunk of the prompt, untracked, before)."""
+    from pyminfer.server import ServerState
+
+    _, shared = local
+    llm = shared.llm
+    state = ServerState(lambda: llm, aliases=[MODEL])
+    ids = llm.tokenize("one two three four five six seven eight nine ten " * 16)[:200]
+    assert len(ids) > 2 * llm.model.max_nt
+    calls = []
+    real = llm.model.forward
+
+    def spy(tokens, *a, **kw):
+        calls.append(len(tokens))
+        if len(calls) == 1:
+            state.begin_shutdown()
+        return real(tokens, *a, **kw)
+
+    with _serving(state, 60) as c:
+        monkeypatch.setattr(llm.model, "forward", spy)
+        r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 1,
+                                            "temperature": 0})
+        monkeypatch.undo()
+        assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down", r.text
+        assert calls == [llm.model.max_nt]  # one chunk, then stopped
+        metrics = {ln.split()[0]: float(ln.split()[1]) for ln in c.get("/metrics").text.splitlines()
+                   if ln and not ln.startswith("#")}
+        assert metrics["pyminfer_requests_processing"] == 0 and metrics["pyminfer_requests_cancelled_total"] == 0
+
+
 def test_sigterm_mid_stream_ends_it_cleanly(tmp_path):
     """SIGTERM to a real `pyminfer serve` (uvicorn's shutdown, on the event loop): the running
     stream gets the 503 event and [DONE], the process exits, and the log has no traceback."""
