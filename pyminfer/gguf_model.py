@@ -165,23 +165,37 @@ class GGUFModel:
                 raise GGUFError(f"{self.path}: missing metadata key {p + key}")
             return v
 
-        n_head = int(req("attention.head_count"))
-        n_embd = int(req("embedding_length"))
-        if n_head <= 0 or n_embd <= 0:
-            raise GGUFError(f"{self.path}: invalid model dimensions ({p}attention.head_count {n_head}, "
-                            f"{p}embedding_length {n_embd})")
-        n_layer, n_ff = int(req("block_count")), int(req("feed_forward_length"))
-        n_head_kv = int(r.get(p + "attention.head_count_kv", n_head))
-        if n_layer <= 0 or n_ff <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        def dim(key: str, default: int | None = None) -> int:
+            """An integer hyper-parameter (llama.cpp reads them as uint32): 1..2**31 - 1 here (the
+            native core's int32), else a GGUFError naming the key: a corrupt or mis-converted file
+            (0xff..ff once reached the core and failed as an OverflowError)."""
+            v = req(key) if default is None else r.get(p + key, default)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise GGUFError(f"{self.path}: metadata key {p + key} is {v!r}: an integer was expected "
+                                "(corrupt or mis-converted file)")
+            if not 1 <= int(v) <= 2**31 - 1:
+                raise GGUFError(f"{self.path}: invalid model dimensions ({p}{key} {int(v)}; must be 1..{2**31 - 1}: "
+                                "corrupt or mis-converted file)")
+            return int(v)
+
+        def real(key: str, default: float | None = None) -> float:
+            v = req(key) if default is None else r.get(p + key, default)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v):
+                raise GGUFError(f"{self.path}: metadata key {p + key} is {v!r}: a finite number was expected "
+                                "(corrupt or mis-converted file)")
+            return float(v)
+
+        n_head = dim("attention.head_count")
+        n_embd = dim("embedding_length")
+        n_layer, n_ff = dim("block_count"), dim("feed_forward_length")
+        n_head_kv = dim("attention.head_count_kv", n_head)
+        if n_head % n_head_kv:
             raise GGUFError(f"{self.path}: invalid model dimensions ({p}block_count {n_layer}, "
                             f"{p}feed_forward_length {n_ff}, {p}attention.head_count_kv {n_head_kv} for "
                             f"{n_head} heads)")
         # required, as in llama.cpp: the default n_ctx is min(4096, this), and 0 would make it 0
-        n_ctx_train = int(req("context_length"))
-        if n_ctx_train <= 0:
-            raise GGUFError(f"{self.path}: {p}context_length is {n_ctx_train}: the trained context length must "
-                            "be >= 1 (corrupt or mis-converted file)")
-        head_dim = int(r.get(p + "attention.key_length", n_embd // n_head))
+        n_ctx_train = dim("context_length")
+        head_dim = dim("attention.key_length", max(1, n_embd // n_head))
         if "token_embd.weight" not in self.tensors:
             raise GGUFError(f"{self.path}: missing tensor token_embd.weight")
         n_vocab = self.tensors["token_embd.weight"][3]
@@ -205,8 +219,8 @@ class GGUFModel:
             head_dim=head_dim,
             n_vocab=n_vocab,
             rope_type=ROPE_NEOX if arch == "qwen2" else ROPE_NORM,
-            rope_freq_base=float(r.get(p + "rope.freq_base", 10000.0)),
-            rms_eps=float(req("attention.layer_norm_rms_epsilon")),
+            rope_freq_base=real("rope.freq_base", 10000.0),
+            rms_eps=real("attention.layer_norm_rms_epsilon"),
             n_ctx_train=n_ctx_train,
             tied_embeddings=tied,
             qkv_bias="blk.0.attn_q.bias" in self.tensors,

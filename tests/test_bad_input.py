@@ -276,6 +276,9 @@ def _patch_field(src: Path, dst: Path, key: str, value: int) -> Path:
 
 @pytest.mark.parametrize("key,value,match", [
     ("llama.attention.head_count", 0, "invalid model dimensions"),
+    # past int32 (uint32 in the file): it once reached the core and failed as an OverflowError
+    ("llama.feed_forward_length", 4278191616, "llama.feed_forward_length 4278191616; must be 1"),
+    ("llama.block_count", 2**31, "llama.block_count 2147483648; must be 1"),
     ("llama.vocab_size", 50000, "vocab_size 50000 exceeds"),
     ("llama.rope.dimension_count", 32, "partial rotary"),
 ])
@@ -661,7 +664,9 @@ def test_unknown_model_name_lists_known_names(monkeypatch):
 
 
 @pytest.mark.parametrize("value,match", [
-    (0, "llama.context_length is 0: the trained context length must be >= 1"),
+    (0, "llama.context_length 0; must be 1"),
+    # not "n_ctx must be in 0..2147483647 (0: the trained context), got 4294967295", blaming -c 0
+    (2**32 - 1, "llama.context_length 4294967295; must be 1"),
     (None, "missing metadata key llama.context_length"),
 ])
 def test_bad_context_length(tmp_path, smol_path, value, match):
