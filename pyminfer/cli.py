@@ -514,12 +514,35 @@ def _show_warning(message: Any, category: Any, filename: str, lineno: int, file:
     print(f"pyminfer: warning: {message}", file=sys.stderr)
 
 
+# llama.cpp flags pyminfer does not have, refused by name with the reason (README, "Run").
+_LLAMA_ONLY: dict[tuple[str, ...], str] = {
+    ("-ngl", "--n-gpu-layers", "--gpu-layers"): "every layer runs on the chosen --device (no partial offload)",
+    ("-fa", "--flash-attn"): "attention is always fused",
+    ("-cb", "--cont-batching", "-nocb", "--no-cont-batching", "-np", "--parallel"):
+        "the server runs one generation at a time, the others wait",
+    ("-tb", "--threads-batch"): "--threads serves prompts and generation alike",
+    ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"): "the KV cache is f16",
+    ("-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"): "pyminfer runs on one GPU",
+    ("--mlock", "--no-mmap"): "the model file is always memory-mapped, read only",
+}
+
+
+def _llama_only(tok: str) -> str | None:
+    """The refusal of llama.cpp's flag ``tok`` (``--flag=value`` too) that pyminfer does not have, or None."""
+    flag = tok.split("=", 1)[0]
+    for names, why in _LLAMA_ONLY.items():
+        if flag in names:
+            return f"unrecognized argument: {flag} (llama.cpp's flag; not in pyminfer: {why})"
+    return None
+
+
 def _refuse_glued_flags(ap: argparse.ArgumentParser, argv: list[str]) -> None:
     """Exits with a usage error (status 2) on a token such as ``-ngl``, ``-fa`` or ``-cb``:
     llama.cpp's multi-letter short flags, which argparse reads as a one-letter flag with the rest
     glued on as its value (``-fa`` was ``-f a``: the prompt silently came from a file named a).
-    Only all-letter tokens that are not options of the parser they follow are refused; a glued
-    value with a digit or a dot (``-n16``, ``-mmodel.gguf``) still parses."""
+    llama.cpp's flags that pyminfer lacks (_LLAMA_ONLY, long forms too) are refused with the reason;
+    other all-letter tokens that are not options of the parser they follow with a hint to write the
+    value apart; a glued value with a digit or a dot (``-n16``, ``-mmodel.gguf``) still parses."""
     parser = ap
     for tok in argv:
         if tok == "--":
@@ -527,7 +550,12 @@ def _refuse_glued_flags(ap: argparse.ArgumentParser, argv: list[str]) -> None:
         if parser is ap and tok in ap.subcommands:  # type: ignore[attr-defined]
             parser = ap.subcommands[tok]  # type: ignore[attr-defined]
             continue
-        if not re.fullmatch(r"-[A-Za-z][A-Za-z-]+", tok) or tok in parser._option_string_actions:
+        if tok.split("=", 1)[0] in parser._option_string_actions:
+            continue
+        why = _llama_only(tok)
+        if why:
+            parser.error(why)
+        if not re.fullmatch(r"-[A-Za-z][A-Za-z-]+", tok):
             continue
         act = parser._option_string_actions.get(f"-{tok[1]}")
         if act is None or (act.choices is not None and tok[2:] in act.choices):  # -ojson: a value it takes

@@ -784,18 +784,26 @@ def test_cli_reports_usage_errors_and_missing_files_by_name(tmp_path, smol_path)
     assert "Uvicorn running" not in _one_line_error(out, "(the model cache; PYMINFER_CACHE")
 
 
-@pytest.mark.parametrize("flags,glued", [(["-fa"], "-f a"), (["-ngl", "99"], "-n gl"), (["-cb"], "-c b"),
-                                         (["-tb", "2"], "-t b")])
-def test_llama_cpp_multi_letter_flags_are_refused(tmp_path, smol_path, monkeypatch, flags, glued):
+@pytest.mark.parametrize("flags,why", [(["-fa"], "attention is always fused"),
+                                      (["-ngl", "99"], "no partial offload"),
+                                      (["--n-gpu-layers", "99"], "no partial offload"),
+                                      (["--flash-attn"], "attention is always fused"), (["-cb"], "one generation at a time"),
+                                      (["-tb", "2"], "--threads serves"), (["-ctk=q8_0"], "the KV cache is f16"),
+                                      (["-cx"], "write -c x")])
+def test_llama_cpp_multi_letter_flags_are_refused(tmp_path, smol_path, monkeypatch, flags, why):
     """argparse read llama.cpp's -fa as -f a (the prompt silently came from a file named 'a') and
-    -ngl 99 as -n gl; now each is a usage error that names the flag, before anything is read."""
+    -ngl 99 as -n gl; now each is a usage error that names the flag and says why pyminfer has no
+    such flag (it suggested "write -n gl" for -ngl), before anything is read; an unknown glued
+    token gets the hint to write the value apart."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a").write_text("Secret prompt")
     out = _cli("run", "-m", str(smol_path), "-p", "hi", "--device", "cpu", *flags)
     err = out.stderr.decode()
-    assert out.returncode == 2 and f"unrecognized argument: {flags[0]}" in err and f"write {glued}" in err, err
-    out = _cli("bench", "-m", str(smol_path), *flags)  # bench has no -f: argparse's own refusal
-    assert out.returncode == 2 and "unrecognized argument" in out.stderr.decode() and flags[0] in out.stderr.decode()
+    flag = flags[0].split("=")[0]
+    assert out.returncode == 2 and f"unrecognized argument: {flag}" in err and why in err, err
+    assert "write -n gl" not in err and "write -f a" not in err
+    out = _cli("bench", "-m", str(smol_path), *flags)  # bench has no -f / -x: argparse's or our refusal
+    assert out.returncode == 2 and "unrecognized argument" in out.stderr.decode() and flag in out.stderr.decode()
     out = _cli("run", "-m", str(smol_path), "-p", "hi", "--device", "cpu", "-n1", "--temp", "0")  # glued digits parse
     assert out.returncode == 0, out.stderr.decode()
 
