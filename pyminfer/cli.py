@@ -498,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     _add_model_args(s)
     _add_spec_args(s)
+    s.add_argument("-a", "--alias", default=None, metavar="NAME",
+                   help="the model's name in the API (/v1/models, responses), as llama-server's --alias "
+                        "(default: the -m argument as given)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080, help="TCP port (0..65535)")
     # as llama-server: the sampling flags set the defaults of requests that leave those fields out

@@ -283,6 +283,9 @@ class _GenRequest(_Request):
         """The checks pydantic's field types cannot express; APIError 400."""
         fields = type(self).model_fields
         extra = self.model_extra or {}
+        if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's 400, not ignored
+            raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options",
+                           code="invalid_value")
         if "logit_bias" in fields:  # a malformed map is a 400 of its own, not "not supported"
             _logit_bias_ids(self.logit_bias)
         asked = [(name, why) for name, (asks, why) in _UNSUPPORTED.items()
@@ -1090,7 +1093,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         def piece(text: str, finish: str | None, index: int = 0, lps: list[TokenLogprob] | None = None,
                   shift: int = 0, echo: Any = None) -> dict[str, Any]:
             lp = _completion_logprobs(llm, lps, shift, echo) if lps is not None else None
-            return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
+            return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": req.model or state.model_id,
                     "choices": [{"text": text, "index": index, "logprobs": lp, "finish_reason": finish}]}
 
         async def echoed(b: list[int]) -> tuple[str, Any]:
@@ -1186,7 +1189,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
         def piece(d: dict[str, Any], finish: str | None, obj: str = "chat.completion.chunk",
                   lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
-            return {"id": cid, "object": obj, "created": int(time.time()), "model": state.model_id,
+            return {"id": cid, "object": obj, "created": int(time.time()), "model": req.model or state.model_id,
                     "choices": [{"index": 0, "delta": d,
                                  "logprobs": {"content": _lp_entries(llm, lps, False)} if lps is not None else None,
                                  "finish_reason": finish}]}
@@ -1206,12 +1209,12 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
             def usage_only(_: str, __: None) -> dict[str, Any]:
                 return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
-                        "model": state.model_id, "choices": []}
+                        "model": req.model or state.model_id, "choices": []}
 
             return _sse(state, request, llm, ids, params, n, first, delta, final,
                         usage_piece=usage_only if _include_usage(req) else None, cache=req.cache_prompt)
         res = await _run(state, request, llm, ids, params, n, req.cache_prompt)
-        out = {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
+        out = {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": req.model or state.model_id,
                "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text},
                             "logprobs": {"content": _lp_entries(llm, res.logprobs, False)}
                             if res.logprobs is not None else None,
@@ -1256,7 +1259,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         def final(res: GenerationResult, content: str, ids: list[int] = ids, probs: bool = True) -> dict[str, Any]:
             extra = ({"completion_probabilities": _lp_entries(llm, res.logprobs, True)}
                      if probs and res.logprobs is not None else {})
-            return {"content": content, "id_slot": 0, "stop": True, "model": state.model_id, **extra,
+            return {"content": content, "id_slot": 0, "stop": True, "model": req.model or state.model_id, **extra,
                     "tokens_predicted": len(res.generated_ids), "tokens_evaluated": len(ids),
                     # llama.cpp's: the tokens the KV cache holds now (every generated token but
                     # the last has been evaluated); the prompt tokens reused are timings.cache_n
@@ -1573,7 +1576,7 @@ def main_serve(args: Any) -> int:
     from .cli import _params as cli_params
 
     defaults = cli_params(args) if hasattr(args, "temp") else None
-    state = ServerState(loader, aliases=[args.model or DEFAULT_MODEL],
+    state = ServerState(loader, aliases=[getattr(args, "alias", None) or "", args.model or DEFAULT_MODEL],
                         prefill_assistant=not getattr(args, "no_prefill_assistant", False), defaults=defaults)
     app = create_app(state)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,

@@ -189,6 +189,10 @@ BAD = [
     ("/v1/completions", {"prompt": [True, 5], "max_tokens": 1}, "prompt"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 1, "stream": True, "stream_options": {"include_usage": "no"}},
      "stream_options"),
+    # OpenAI's and vLLM's 400 (it was silently ignored)
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": False,
+                              "stream_options": {"include_usage": True}}, "stream_options"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": "yes"},
      "stream"),
     ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces"),
@@ -833,6 +837,29 @@ def test_malformed_logit_bias_is_refused(local, bias, says):
         err = _error(c.post(path, json={**body, "max_tokens": 1, "logit_bias": bias}))
         assert err["param"] == "logit_bias" and err["code"] == "invalid_value", err
         assert says in err["message"], err
+
+
+def test_response_model_names_what_was_asked(local):
+    """A response's "model" is the name the request used (any name this server answers to: the
+    file's path was shown for a request that said "smollm2-135m"), else the served name; llama.cpp
+    echoes the request's model too. `serve --alias NAME` (llama-server's) is the served name."""
+    from pyminfer.cli import build_parser
+    from pyminfer.server import ServerState
+
+    c, state = local
+    path = str(state.llm.model_path)
+    for asked in (MODEL, path, state.llm.model_path.name):
+        for route, body in (("/v1/completions", {"prompt": "Hi"}),
+                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                            ("/completion", {"prompt": "Hi"})):
+            r = c.post(route, json={**body, "model": asked, "max_tokens": 1, "temperature": 0})
+            assert r.status_code == 200 and r.json()["model"] == asked, (route, r.text)
+    r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1})
+    assert r.json()["model"] == state.model_id == MODEL
+    args = build_parser().parse_args(["serve", "-m", path, "--alias", "coder"])
+    assert args.alias == "coder"
+    aliased = ServerState(lambda: state.llm, aliases=[args.alias, args.model])
+    assert aliased.model_id == "coder" and {"coder", path} <= aliased.names()
 
 
 def test_retrieve_model_head_health_and_cors(local):
