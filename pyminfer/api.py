@@ -99,8 +99,8 @@ class LLM:
         # before it reads more than the file's header)
         if n_ubatch is not None and (isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int)):
             raise TypeError(f"n_ubatch must be an int or None, got {type(n_ubatch).__name__}")
-        if n_ubatch is not None and n_ubatch < 1:
-            raise ValueError(f"n_ubatch must be >= 1, got {n_ubatch}")
+        if n_ubatch is not None and not 1 <= n_ubatch <= 2**31 - 1:
+            raise ValueError(f"n_ubatch must be in 1..{2**31 - 1}, got {n_ubatch}")
         if spec_ngram is not None and not isinstance(spec_ngram, NgramSpec):
             raise TypeError(f"spec_ngram must be a pyminfer.ngram.NgramSpec or None, got {type(spec_ngram).__name__}")
         if spec_ngram is not None and n_ubatch is not None and n_ubatch < spec_ngram.m + 1:
@@ -423,8 +423,11 @@ class LLM:
         else:
             # an int or other non-iterable failed inside list() with "'int' object is not iterable"
             stops = list(stop) if isinstance(stop, Iterable) and not isinstance(stop, (bytes, bytearray)) else [None]
-            if not all(isinstance(s, str) for s in stops):
-                raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+            bad = next((i for i, s in enumerate(stops) if not isinstance(s, str)), None)
+            if bad is not None:
+                got = type(stop).__name__ if stops == [None] and not isinstance(stop, Iterable) else \
+                    f"{type(stop).__name__} with {type(stops[bad]).__name__} stop[{bad}]"
+                raise TypeError(f"stop must be a string or a list of strings, got {got}")
         for i, s in enumerate(stops):
             check_unicode(s, f"stop[{i}]")
         # no float()/int() on the raw values: they read "0" as 0.0, True as 1.0 and 2.5 as 2

@@ -589,8 +589,9 @@ def test_ubatch_size(smol_path):
     for bad, err in ((True, TypeError), (2.0, TypeError), (0, ValueError)):
         with pytest.raises(err, match="max_nt"):
             Model(smol_path, device="cpu", n_ctx=64, max_nt=bad)
-    with pytest.raises(ValueError, match="n_ubatch must be >= 1"):
-        LLM(smol_path, device="cpu", n_ubatch=-1)
+    for bad in (-1, 0, 2**31):  # 2**31 was refused as "max_nt must be in ...", naming another argument
+        with pytest.raises(ValueError, match=r"n_ubatch must be in 1\.\.2147483647"):
+            LLM(smol_path, device="cpu", n_ubatch=bad)
     # n_ctx / n_threads / spec_draft_n: ints (a str failed deep inside with "'<=' not supported", a
     # float or a bool was taken as a context size, a float depth failed at the first generate)
     for kw in ({"n_ctx": "64"}, {"n_ctx": 64.5}, {"n_ctx": True}, {"n_threads": "2"}, {"n_threads": 1.0},
@@ -745,8 +746,9 @@ def test_api_argument_types_named(smol_path):
     with pytest.raises(TypeError, match="draft_model must be a str, a path or None, got float"):
         LLM(smol_path, device="cpu", draft_model=1.5)
     with LLM(smol_path, device="cpu", n_ctx=64) as llm:
-        for stop in (5, b"x", [None]):
-            with pytest.raises(TypeError, match="stop must be a string or a list of strings"):
+        for stop, got in ((5, "got int"), (b"x", "got bytes"), ([None], r"got list with NoneType stop\[0\]"),
+                          (["a", 3], r"got list with int stop\[1\]")):
+            with pytest.raises(TypeError, match="stop must be a string or a list of strings, " + got):
                 llm.generate("Hi", max_tokens=2, stop=stop)
         for prompt in (None, 5, 2.5, b"Hi"):
             with pytest.raises(TypeError, match="prompt must be str or a list of token ids"):
