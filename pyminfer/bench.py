@@ -219,18 +219,22 @@ def main_bench(args: argparse.Namespace) -> int:
                for nt, v in c.items()], args.output)
         return 0
     rows = []
-    if args.n_prompt > 0:
-        v = bench_pp(m, args.n_prompt, args.repetitions, depth)
-        rows.append({**info, "test": f"pp{args.n_prompt}" + (f" @ d{depth}" if depth else ""), "tok_s": _fmt(v), "mean": statistics.mean(v),
-                     "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v)})
-    if args.n_gen > 0:
-        v = bench_tg(m, args.n_gen, args.repetitions, depth)
-        bw = copy_bandwidth(m)
-        share = statistics.mean(v) * m.gguf.decode_bytes_per_token() / bw
-        name = f"tg{args.n_gen}" + (f" @ d{depth}" if depth else "")
-        rows.append({**info, "test": name, "tok_s": _fmt(v), "mean": statistics.mean(v),
-                     "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v),
-                     "roofline": f"{100 * share:.0f}% of {bw / 1e9:.0f} GB/s"})
+    bw = None
+    for depth in getattr(args, "depths", [depth]):  # llama-bench's order: every test at each depth
+        at = f" @ d{depth}" if depth else ""
+        for n_prompt in getattr(args, "n_prompts", [args.n_prompt]):
+            if n_prompt > 0:
+                v = bench_pp(m, n_prompt, args.repetitions, depth)
+                rows.append({**info, "test": f"pp{n_prompt}{at}", "tok_s": _fmt(v), "mean": statistics.mean(v),
+                             "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v)})
+        for n_gen in getattr(args, "n_gens", [args.n_gen]):
+            if n_gen > 0:
+                v = bench_tg(m, n_gen, args.repetitions, depth)
+                bw = bw or copy_bandwidth(m)
+                share = statistics.mean(v) * m.gguf.decode_bytes_per_token() / bw
+                rows.append({**info, "test": f"tg{n_gen}{at}", "tok_s": _fmt(v), "mean": statistics.mean(v),
+                             "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v),
+                             "roofline": f"{100 * share:.0f}% of {bw / 1e9:.0f} GB/s"})
     _emit(rows, args.output)
     return 0
 

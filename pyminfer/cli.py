@@ -40,6 +40,15 @@ def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 
                         f"(default {ub_default})")
 
 
+def _int_list(text: str) -> list[int]:
+    """argparse type of llama-bench's list flags: ``512`` or ``128,256`` -> [512] / [128, 256]."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want an integer or a comma-separated list of them, got {text!r}") from None
+    return out
+
+
 class _Given(argparse.Action):
     """Store the value and note the option as given on the command line (``args.given``), so that
     options which only matter beside another one can be reported when that one is missing."""
@@ -348,8 +357,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if on and args.ubatch_size is not None and args.ubatch_size < rows:
             raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for {what}: it runs forwards of "
                              f"up to {rows} tokens")
-    if args.n_prompt < 0 or args.n_gen < 0 or (args.depth or 0) < 0:
+    # the lists (llama-bench's comma lists) stay in n_prompts / n_gens / depths; n_prompt, n_gen and
+    # depth become their largest values, which size the context and the forwards
+    args.n_prompts, args.n_gens = list(args.n_prompt), list(args.n_gen)
+    args.depths = list(args.depth) if args.depth is not None else [0]
+    if min(args.n_prompts + args.n_gens + args.depths) < 0:
         raise ValueError("-p, -n and -d/--depth must be >= 0")
+    if (spec or args.verify_curve) and (len(args.n_gens) > 1 or len(args.depths) > 1):
+        raise ValueError("-n and -d take one value with --verify-curve, --spec-draft or --spec-type (lists are for "
+                         "the pp / tg tests)")
+    args.n_prompt, args.n_gen = max(args.n_prompts), max(args.n_gens)
+    args.depth = max(args.depths) if args.depth is not None else None
     if not (args.n_prompt or args.n_gen or args.verify_curve or spec):
         raise ValueError("nothing to measure: give -p and/or -n > 0, --verify-curve, --spec-draft or --spec-type")
     prompt_given = {"-p", "--n-prompt"} & (getattr(args, "given", None) or set())
@@ -460,14 +478,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="prefill / decode throughput (llama-bench style)")
     _add_model_args(b, ub_default="the prompt, 64..512")
-    b.add_argument("-p", "--n-prompt", type=int, default=512, action=_Given,
-                   help="prompt tokens of the pp test (default: %(default)s; not used by --verify-curve, "
+    # -p, -n and -d take comma lists as llama-bench's: a pp / tg test for each value, at each depth
+    b.add_argument("-p", "--n-prompt", type=_int_list, default=[512], action=_Given, metavar="N[,N...]",
+                   help="prompt tokens of the pp test (default: 512; not used by --verify-curve, "
                         "--spec-draft or --spec-type, which time decoding)")
-    b.add_argument("-n", "--n-gen", type=int, default=128,
-                   help="tokens to generate (>= 2 with --spec-draft; default: %(default)s)")
+    b.add_argument("-n", "--n-gen", type=_int_list, default=[128], metavar="N[,N...]",
+                   help="tokens to generate (>= 2 with --spec-draft; default: 128)")
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("-o", "--output", default="md", choices=["md", "json", "csv"])
-    b.add_argument("-d", "--n-depth", "--depth", dest="depth", type=int, default=None,
+    b.add_argument("-d", "--n-depth", "--depth", dest="depth", type=_int_list, default=None, metavar="N[,N...]",
                    help="context depth before the pp and tg tests, in tokens (llama-bench's -d; default 0), "
                         "or of the --verify-curve forwards (default 256)")
     b.add_argument("--verify-curve", action="store_true",

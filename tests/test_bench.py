@@ -54,6 +54,23 @@ def test_depth(smol_path, flag):
     assert trained.returncode == 1 and "-c 0: the trained context (8192) is too small" in trained.stderr
 
 
+def test_comma_lists(smol_path):
+    """-p, -n and -d take llama-bench's comma lists: a pp / tg test for each value, every test at
+    each depth (in llama-bench's order), one model load; a list where one value is wanted, or a bad
+    list, is an error."""
+    rows = json.loads(bench("-m", str(smol_path), "-p", "8,16", "-n", "2,3", "-d", "0,20", "-r", "1",
+                            "-o", "json").stdout)
+    assert [r["test"] for r in rows] == ["pp8", "pp16", "tg2", "tg3", "pp8 @ d20", "pp16 @ d20", "tg2 @ d20",
+                                         "tg3 @ d20"]
+    assert all(r["mean"] > 0 for r in rows)
+    small = bench("-m", str(smol_path), "-p", "8,30", "-n", "2", "-d", "0,40", "-c", "64", "-r", "1", ok=False)
+    assert small.returncode == 1 and "-c 64 is too small for these tests (they need 86 positions)" in small.stderr
+    bad = bench("-m", str(smol_path), "-p", "8,x", ok=False)
+    assert bad.returncode == 2 and "comma-separated list" in bad.stderr
+    one = bench("-m", str(smol_path), "--verify-curve", "-d", "0,32", ok=False)
+    assert one.returncode == 1 and "-n and -d take one value with --verify-curve" in one.stderr
+
+
 def test_verify_curve(smol_path):
     out = bench("-m", str(smol_path), "--verify-curve", "-o", "json")
     assert "warning" not in out.stderr  # -p not given: nothing ignored
