@@ -103,6 +103,12 @@ def mmvq_mma_launches() -> int:
     return mi_cuda_mmvq_mma_launches()
 
 
+def mmvq_pair_launches() -> int:
+    """Mat-vec launches that took the pair kernel (two weight rows a thread; native/cuda/mmvq_kernels.cuh,
+    MI_CUDA_MMVQ_PAIR) in this process so far, graph replays not counted; 0 without CUDA. For tests."""
+    return mi_cuda_mmvq_pair_launches()
+
+
 def mmvq_mma_split_launches() -> int:
     """Of mmvq_mma_launches, those split over a thread block cluster a 16-row tile (sm_90+,
     MI_CUDA_MMVQ_MMA_SPLIT); 0 without CUDA. For tests: which launch shape ran."""

@@ -80,6 +80,33 @@ def test_matmul_both_kernels_odd_blocks(typ, mmvq, monkeypatch):
         assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], nt)
 
 
+@pytest.mark.parametrize("n_rows,n_cols", [(37, 512), (45, 2560), (67, 8960), (1, 8960)])
+@pytest.mark.parametrize("typ", [bg.Q4_0, bg.Q5_0, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K],
+                         ids=lambda t: bg.NAMES[t])
+def test_mmvq_pair_kernel_bitwise(typ, n_rows, n_cols, monkeypatch):
+    """Plain launches of nt >= 2 rows take the pair kernel by default (two weight rows a thread,
+    4 / 2 / 1 rows a block by row length, row counts that leave a block's second half short): the
+    same bits as nt = 1 and as the block kernel (MI_CUDA_MMVQ_PAIR=0), row by row; the launch
+    counter proves which kernel ran (nt = 1 never takes it)."""
+    monkeypatch.setenv("MI_CUDA_MMVQ", "0")
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "0")
+    monkeypatch.delenv("MI_CUDA_MMVQ_PAIR", raising=False)
+    rng = np.random.default_rng(typ * 7 + n_rows)
+    w = bg.random_weights(rng, typ, n_rows, n_cols)
+    x = rng.standard_normal((8, n_cols)).astype(np.float32)
+    n0 = core.mmvq_pair_launches()
+    ones = np.concatenate([matmul(1, typ, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])
+    assert core.mmvq_pair_launches() == n0
+    for nt in range(2, 9):
+        assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], nt)
+    assert core.mmvq_pair_launches() == n0 + 7
+    monkeypatch.setenv("MI_CUDA_MMVQ_PAIR", "0")
+    for nt in (2, 5, 8):
+        assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], nt)
+    assert core.mmvq_pair_launches() == n0 + 7
+    assert nmse(ones, matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
+
+
 @pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K], ids=lambda t: bg.NAMES[t])
 def test_matmul_default_kernel_choice_by_shape(typ, monkeypatch):
     """The default MMVQ choice (MI_CUDA_MMVQ=3) takes the warp kernel with 2 warps a row (mode 2's
@@ -1004,7 +1031,8 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 
 
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "129"),
-                                     ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"), ("MI_CUDA_NORM_PRE", "8"),
+                                     ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"),
+                                     ("MI_CUDA_MMVQ_PAIR", "2"), ("MI_CUDA_MMVQ_PAIR", "on"), ("MI_CUDA_NORM_PRE", "8"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "0"), ("MI_CUDA_MMVQ_WARP_ROWS", "4k"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "+12"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
@@ -1039,7 +1067,7 @@ def test_bad_graphs_switch_is_refused(val, monkeypatch):
 
 
 @pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
-                                 "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT",
+                                 "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT", "MI_CUDA_MMVQ_PAIR",
                                  "MI_CUDA_FUSE", "MI_CUDA_MMQ", "MI_CUDA_ROPE_FUSE",
                                  "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE", "MI_CUDA_MMQ_SPLITS"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):

@@ -66,6 +66,18 @@ int64_t mi_cuda_mmvq_warp_rows(void) { // -1 when malformed; empty = unset
     const long v = strtol(ev, &end, 10);
     return ev[0] < '0' || ev[0] > '9' || *end || v < 1 || v > INT_MAX ? -1 : v;
 }
+// MI_CUDA_MMVQ_PAIR (read at every call, like MI_CUDA_MMVQ): 1 / unset = plain block-kernel
+// launches of nt >= 2 take the pair kernel (two rows a thread, activations loaded once for both:
+// the same bits; mmvq_kernels.cuh); 0 = the block kernel (A/B timing, tests); -1 when malformed.
+// (Measured and dropped, session 31: pairs only for rows of > 64 or > 128 chunks: 1.5B shape nt =
+// 4 1.287 / 1.288 ms against 1.268 for all.)
+static int mi_mmvq_pair_mode() {
+    const char *ev = getenv("MI_CUDA_MMVQ_PAIR");
+    if (!ev || !ev[0]) return 1;
+    return (ev[0] == '0' || ev[0] == '1') && ev[1] == 0 ? ev[0] - '0' : -1;
+}
+uint64_t mi_mmvq_pair_count = 0;
+extern "C" uint64_t mi_cuda_mmvq_pair_launches(void) { return __atomic_load_n(&mi_mmvq_pair_count, __ATOMIC_RELAXED); }
 static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows, int64_t warp_rows) {
     const int by_len = nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
     switch (mode) {
@@ -151,6 +163,8 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     if (warp_rows < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_WARP_ROWS=%s: want a row count >= 1", getenv("MI_CUDA_MMVQ_WARP_ROWS"));
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows, warp_rows);
+    a.pair = mi_mmvq_pair_mode();
+    if (a.pair < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_PAIR=%s: want 0 or 1", getenv("MI_CUDA_MMVQ_PAIR"));
     const int mma_from = mi_mmvq_mma_from(a.warp > 0);
     if (mma_from < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA=%s: want 0 (off) or 2..8 (fewest activation rows)",
@@ -202,6 +216,7 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
     a.accumulate = accumulate;
     a.rpb = mi_rows_per_block(w0->n_cols / 32);
     a.warp = 0;
+    a.pair = 0;
     return mi_mmvq_groups(a, xq, nullptr, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
         const cudaError_t e = mi_mmvq_mixed_launch(w0->type, w1->type, g, ga, w1->data, w1->row_bytes, (int)w1->n_rows, s);
         return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (mixed): %s", cudaGetErrorString(e));

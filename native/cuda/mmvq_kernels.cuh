@@ -152,6 +152,26 @@ __device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi
     mi_chunk_dot<T, NT>(ch, c, xq, ldxb, acc);  // one chunk formula for every kernel (bitwise rows)
 }
 
+// mi_chunk_dot for two weight rows' chunks c at once: each activation block is loaded once for both
+// (the pair kernel); every row's arithmetic is mi_chunk_dot's, so the same bits.
+template <int T, int NT>
+__device__ __forceinline__ void mi_chunk_dot2(const mi_chunk &ca, const mi_chunk &cb, int c, const mi_block_q8a *xq,
+                                              int64_t ldxb, float *acca, float *accb) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const mi_block_q8a *a = xq + t * ldxb + c;
+        const int2 *aq = (const int2 *)a->qs;
+        const int2 a0 = aq[0], a1 = aq[1], a2 = aq[2], a3 = aq[3];
+        const float ad = a->d, as = a->s;
+        const int sa0 = __dp4a(ca.q[3], a1.y, __dp4a(ca.q[2], a1.x, __dp4a(ca.q[1], a0.y, __dp4a(ca.q[0], a0.x, 0))));
+        const int sa1 = __dp4a(ca.q[7], a3.y, __dp4a(ca.q[6], a3.x, __dp4a(ca.q[5], a2.y, __dp4a(ca.q[4], a2.x, 0))));
+        acca[t] = __fadd_rn(acca[t], mi_chunk_term<T>(ca.dw, ca.mw, ad, as, ca.sc0 * sa0 + ca.sc1 * sa1));
+        const int sb0 = __dp4a(cb.q[3], a1.y, __dp4a(cb.q[2], a1.x, __dp4a(cb.q[1], a0.y, __dp4a(cb.q[0], a0.x, 0))));
+        const int sb1 = __dp4a(cb.q[7], a3.y, __dp4a(cb.q[6], a3.x, __dp4a(cb.q[5], a2.y, __dp4a(cb.q[4], a2.x, 0))));
+        accb[t] = __fadd_rn(accb[t], mi_chunk_term<T>(cb.dw, cb.mw, ad, as, cb.sc0 * sb0 + cb.sc1 * sb1));
+    }
+}
+
 // Sum acc[NT] over the tpr threads of each row; the row's thread j == 0 gets the result.
 template <int NT>
 __device__ __forceinline__ void mi_row_reduce(float *acc, int tpr, float (*sh)[NT]) {
@@ -297,6 +317,47 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
                    int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate, int rpb) {
     mi_mmvq_block<T, NT, GLU>(w0, w1, row_bytes, 0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
+}
+
+// Pair kernel (by default for plain block-kernel launches of nt >= 2: no GLU, fused RoPE or
+// quantized output; MI_CUDA_MMVQ_PAIR=0: the block kernel): the block kernel with each thread
+// serving its slot j of two rows, k and rpb + k of the block's 2 rpb rows, so every activation
+// block it loads serves two weight rows (a q4_K chunk is 18 weight bytes against 40 activation
+// bytes a row: at nt = 4, 160). Each row keeps the block kernel's slots, chunk order, reduction and
+// epilogue: the same bits. The gate / up launch already serves two rows a thread (GLU). H200,
+// GPU ms a forward (docs/perf.md, session 31): 1.5B shape nt = 4 1.411 -> 1.267, nt = 8 1.752 ->
+// 1.719; 7B nt = 4 3.670 -> 3.362, nt = 8 5.149 -> 4.823; 0.5B / 14B within +-1.3%.
+template <int T, int NT>
+__global__ void __launch_bounds__(MI_MMVQ_THREADS)
+    mi_mmvq_pair_kernel(const uint8_t *__restrict__ w0, int64_t row_bytes, int n_rows, int nchunks,
+                        const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate,
+                        int rpb) {
+    __shared__ float sh[2][MI_MMVQ_THREADS / 32][NT];
+    const int tpr = MI_MMVQ_THREADS / rpb, j = threadIdx.x % tpr, k = threadIdx.x / tpr;
+    const int r0 = blockIdx.x * 2 * rpb, ra = r0 + k, rb = r0 + rpb + k;
+    mi_mmvq_prologue(w0, nullptr, row_bytes, r0, 2 * rpb, n_rows, os);
+    mi_epi_in<NT> ia, ib;
+    mi_epilogue_load<NT>(ra, j == 0 && ra < n_rows, os, accumulate, ia);
+    mi_epilogue_load<NT>(rb, j == 0 && rb < n_rows, os, accumulate, ib);
+    float acca[NT], accb[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acca[t] = accb[t] = 0.0f;
+    if (ra < n_rows) {
+        constexpr int CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
+        const uint8_t *rowa = w0 + (int64_t)ra * row_bytes;
+        const uint8_t *rowb = w0 + (int64_t)(rb < n_rows ? rb : ra) * row_bytes; // no row b: a again, dropped
+#pragma unroll 2
+        for (int c = j; c < nchunks; c += tpr) {
+            mi_chunk cha, chb;
+            mi_qt<T>::load(rowa + (int64_t)(c / CPB) * BB, c % CPB, cha);
+            mi_qt<T>::load(rowb + (int64_t)(c / CPB) * BB, c % CPB, chb);
+            mi_chunk_dot2<T, NT>(cha, chb, c, xq, ldxb, acca, accb);
+        }
+    }
+    mi_row_reduce<NT>(acca, tpr, sh[0]);
+    mi_row_reduce<NT>(accb, tpr, sh[1]);
+    if (j == 0 && ra < n_rows) mi_epilogue<NT>(acca, acca, false, ra, os, accumulate, ia);
+    if (j == 0 && rb < n_rows) mi_epilogue<NT>(accb, accb, false, rb, os, accumulate, ib);
 }
 
 // Mixed q/k/v launch: virtual rows [0, n_rows0) are rows of w0 (type T0: q and k stacked), rows
@@ -446,7 +507,11 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
         return mi_launch(mi_mmvq_warp_kernel<T, NT, GLU, mi_mmvq_unroll<NT, GLU>()>,
                          (a.n_rows + MI_MMVQ_WARPS / a.warp - 1) / (MI_MMVQ_WARPS / a.warp), MI_MMVQ_WARPS * 32, s, a.w0,
                          a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.warp);
-    else
+    else if (NT >= 2 && !GLU && a.pair && !a.os.any_rope && !a.os.yq) {
+        __atomic_add_fetch(&mi_mmvq_pair_count, 1, __ATOMIC_RELAXED);
+        return mi_launch(mi_mmvq_pair_kernel<T, NT>, (a.n_rows + 2 * a.rpb - 1) / (2 * a.rpb), MI_MMVQ_THREADS, s,
+                         a.w0, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
+    } else
         return mi_launch(mi_mmvq_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
 }

@@ -116,6 +116,10 @@ uint64_t mi_cuda_mmq_wide_launches(void);
 /* Mat-vec launches that took the tensor-core verify kernel (MI_CUDA_MMVQ_MMA, native/cuda/mmvq_mma.cu)
  * since the library was loaded, in this process (not counting graph replays). 0 without CUDA. */
 uint64_t mi_cuda_mmvq_mma_launches(void);
+/* Mat-vec launches that took the pair kernel (two weight rows a thread, MI_CUDA_MMVQ_PAIR,
+ * native/cuda/mmvq_kernels.cuh) since the library was loaded, in this process (not counting graph
+ * replays). 0 without CUDA. */
+uint64_t mi_cuda_mmvq_pair_launches(void);
 /* Of those, the launches split over a thread block cluster per 16-row tile (MI_CUDA_MMVQ_MMA_SPLIT,
  * sm_90+). 0 without CUDA. */
 uint64_t mi_cuda_mmvq_mma_split_launches(void);
