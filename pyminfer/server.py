@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, AsyncIterator, Callable, List, Optional, Union
+from typing import Annotated, Any, AsyncIterator, Callable, List, Optional, TypeVar, Union
 
 try:
     from fastapi import FastAPI, Request
@@ -47,6 +47,8 @@ from .infill import InfillChunk, InfillUnsupportedError, infill_ids
 from .sampling import DEFAULT_SAMPLERS, MAX_LOGPROBS, SamplingParams, TokenLogprob
 from .spec import MAX_DEPTH
 from .tokenizer import lone_surrogate
+
+_T = TypeVar("_T")
 
 MAX_POSITIONS = MAX_DEPTH  # speculative draft positions reported in /metrics: every depth a round can take
 
@@ -1348,11 +1350,11 @@ def _shutting_down() -> APIError:
     return APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down")
 
 
-async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams,
-               n: int | None, cache: bool = True) -> GenerationResult:
-    """A non-streaming generation; a client that goes away cancels it. Checked before it starts
-    too: a batch's prompts each run through here, and short ones finish between the polls below,
-    so a disconnected batch once ran to its end."""
+async def _tracked(state: ServerState, request: Request, work: Callable[[threading.Event], _T]) -> _T:
+    """``work(cancel)`` on the generation thread, tracked: counted in /metrics' processing, and
+    ``cancel`` set when the server shuts down (ServerState.track) or the client goes away (asked
+    before it starts, then every 0.5 s: a batch's short prompts finish between the polls, so a
+    disconnected batch once ran to its end). Returns what ``work`` returns; raises what it raises."""
     cancel = threading.Event()
     loop = asyncio.get_running_loop()
     state.track(cancel)
@@ -1360,15 +1362,15 @@ async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], p
         state.metrics.processing += 1
     try:
         if await request.is_disconnected():
-            cancel.set()  # _job counts it as cancelled and returns None: the 499 below
-        fut = loop.run_in_executor(state.worker, _job, state, llm, ids, params, n, cancel, None, cache)
+            cancel.set()
+        fut = loop.run_in_executor(state.worker, work, cancel)
         while True:
             done, _ = await asyncio.wait({fut}, timeout=0.5)
             if done:
                 break
             if await request.is_disconnected():
                 cancel.set()
-        res = fut.result()
+        return fut.result()
     except asyncio.CancelledError:
         cancel.set()
         raise
@@ -1376,6 +1378,13 @@ async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], p
         state.untrack(cancel)
         with state.metrics.lock:
             state.metrics.processing -= 1
+
+
+async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams,
+               n: int | None, cache: bool = True) -> GenerationResult:
+    """A non-streaming generation (_tracked); a client that goes away cancels it (_job then counts
+    it as cancelled and returns None: a 499; a 503 when the server is shutting down)."""
+    res = await _tracked(state, request, lambda cancel: _job(state, llm, ids, params, n, cancel, None, cache))
     if res is None:
         if state.closing.is_set():
             raise _shutting_down()
@@ -1386,45 +1395,23 @@ async def _run(state: ServerState, request: Request, llm: LLM, ids: list[int], p
 async def _score(state: ServerState, request: Request, llm: LLM, ids: list[int],
                  n_top: int) -> list[TokenLogprob | None]:
     """LLM.prompt_logprobs(ids, n_top) on the generation thread (OpenAI's echo with logprobs),
-    tracked as _run tracks a generation: counted in /metrics' processing, and stopped before its
-    next forward when the client goes away (499, counted as cancelled) or the server shuts down
-    (503)."""
+    tracked as a generation is (_tracked): stopped before its next forward when the client goes
+    away (499, counted as cancelled) or the server shuts down (503)."""
     if state.closing.is_set():
         raise _shutting_down()
-    cancel = threading.Event()
-    loop = asyncio.get_running_loop()
 
-    def job() -> list[TokenLogprob | None]:
+    def job(cancel: threading.Event) -> list[TokenLogprob | None]:
         if cancel.is_set():  # gone while queued behind another request
             raise ScoringCancelled("cancelled before it started")
         return llm.prompt_logprobs(ids, n_top, cancel=cancel)
 
-    state.track(cancel)
-    with state.metrics.lock:
-        state.metrics.processing += 1
     try:
-        if await request.is_disconnected():
-            cancel.set()
-        fut = loop.run_in_executor(state.worker, job)
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=0.5)
-            if done:
-                break
-            if await request.is_disconnected():
-                cancel.set()
-        return fut.result()
+        return await _tracked(state, request, job)
     except ScoringCancelled:
         if state.closing.is_set():
             raise _shutting_down() from None
         state.metrics.add(0, 0, None, True)
         raise APIError(499, "the client closed the request", code="client_closed") from None
-    except asyncio.CancelledError:
-        cancel.set()
-        raise
-    finally:
-        state.untrack(cancel)
-        with state.metrics.lock:
-            state.metrics.processing -= 1
 
 
 def _sse(state: ServerState, request: Request, llm: LLM, ids: list[int], params: SamplingParams, n: int | None,
