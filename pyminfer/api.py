@@ -422,12 +422,13 @@ class LLM:
             stops = [stop]
         else:
             # an int or other non-iterable failed inside list() with "'int' object is not iterable"
-            stops = list(stop) if isinstance(stop, Iterable) and not isinstance(stop, (bytes, bytearray)) else [None]
+            if not isinstance(stop, Iterable) or isinstance(stop, (bytes, bytearray)):
+                raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+            stops = list(stop)
             bad = next((i for i, s in enumerate(stops) if not isinstance(s, str)), None)
             if bad is not None:
-                got = type(stop).__name__ if stops == [None] and not isinstance(stop, Iterable) else \
-                    f"{type(stop).__name__} with {type(stops[bad]).__name__} stop[{bad}]"
-                raise TypeError(f"stop must be a string or a list of strings, got {got}")
+                raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__} with "
+                                f"{type(stops[bad]).__name__} stop[{bad}]")
         for i, s in enumerate(stops):
             check_unicode(s, f"stop[{i}]")
         # no float()/int() on the raw values: they read "0" as 0.0, True as 1.0 and 2.5 as 2

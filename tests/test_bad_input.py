@@ -746,7 +746,7 @@ def test_api_argument_types_named(smol_path):
     with pytest.raises(TypeError, match="draft_model must be a str, a path or None, got float"):
         LLM(smol_path, device="cpu", draft_model=1.5)
     with LLM(smol_path, device="cpu", n_ctx=64) as llm:
-        for stop, got in ((5, "got int"), (b"x", "got bytes"), ([None], r"got list with NoneType stop\[0\]"),
+        for stop, got in ((5, "got int"), (b"x", "got bytes$"), ([None], r"got list with NoneType stop\[0\]"),
                           (["a", 3], r"got list with int stop\[1\]")):
             with pytest.raises(TypeError, match="stop must be a string or a list of strings, " + got):
                 llm.generate("Hi", max_tokens=2, stop=stop)
