@@ -80,15 +80,17 @@ def test_matmul_both_kernels_odd_blocks(typ, mmvq, monkeypatch):
         assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], nt)
 
 
-@pytest.mark.parametrize("n_rows,n_cols", [(37, 512), (45, 2560), (67, 8960), (1, 8960)])
+@pytest.mark.parametrize("mmvq", ["0", "1", "2"])
+@pytest.mark.parametrize("n_rows,n_cols", [(37, 512), (45, 2560), (67, 8960), (1, 8960), (45, 256 * 19)])
 @pytest.mark.parametrize("typ", [bg.Q4_0, bg.Q5_0, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K],
                          ids=lambda t: bg.NAMES[t])
-def test_mmvq_pair_kernel_bitwise(typ, n_rows, n_cols, monkeypatch):
-    """Plain launches of nt >= 2 rows take the pair kernel by default (two weight rows a thread,
-    4 / 2 / 1 rows a block by row length, row counts that leave a block's second half short): the
-    same bits as nt = 1 and as the block kernel (MI_CUDA_MMVQ_PAIR=0), row by row; the launch
-    counter proves which kernel ran (nt = 1 never takes it)."""
-    monkeypatch.setenv("MI_CUDA_MMVQ", "0")
+def test_mmvq_pair_kernel_bitwise(typ, n_rows, n_cols, mmvq, monkeypatch):
+    """Plain launches of nt >= 2 rows take the pair kernels by default (two weight rows a thread;
+    the block kernel's 4 / 2 / 1 rows a block by row length, MI_CUDA_MMVQ=0; the warp kernel's 1,
+    2 or 4 warps a row, =1 / =2; row counts that leave a block's second half short): the same bits
+    as nt = 1 and as the kernels without pairs (MI_CUDA_MMVQ_PAIR=0), row by row; the launch counter
+    proves which kernel ran (nt = 1 never takes it)."""
+    monkeypatch.setenv("MI_CUDA_MMVQ", mmvq)
     monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "0")
     monkeypatch.delenv("MI_CUDA_MMVQ_PAIR", raising=False)
     rng = np.random.default_rng(typ * 7 + n_rows)

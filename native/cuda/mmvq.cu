@@ -66,9 +66,10 @@ int64_t mi_cuda_mmvq_warp_rows(void) { // -1 when malformed; empty = unset
     const long v = strtol(ev, &end, 10);
     return ev[0] < '0' || ev[0] > '9' || *end || v < 1 || v > INT_MAX ? -1 : v;
 }
-// MI_CUDA_MMVQ_PAIR (read at every call, like MI_CUDA_MMVQ): 1 / unset = plain block-kernel
-// launches of nt >= 2 take the pair kernel (two rows a thread, activations loaded once for both:
-// the same bits; mmvq_kernels.cuh); 0 = the block kernel (A/B timing, tests); -1 when malformed.
+// MI_CUDA_MMVQ_PAIR (read at every call, like MI_CUDA_MMVQ): 1 / unset = plain launches of nt >= 2
+// on the block or the warp kernel take its pair variant (two rows a thread, activations loaded
+// once for both: the same bits; mmvq_kernels.cuh); 0 = the kernels without pairs (A/B timing,
+// tests); -1 when malformed.
 // (Measured and dropped, session 31: pairs only for rows of > 64 or > 128 chunks: 1.5B shape nt =
 // 4 1.287 / 1.288 ms against 1.268 for all.)
 static int mi_mmvq_pair_mode() {

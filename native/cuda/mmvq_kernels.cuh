@@ -326,7 +326,8 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 // bytes a row: at nt = 4, 160). Each row keeps the block kernel's slots, chunk order, reduction and
 // epilogue: the same bits. The gate / up launch already serves two rows a thread (GLU). H200,
 // GPU ms a forward (docs/perf.md, session 31): 1.5B shape nt = 4 1.411 -> 1.267, nt = 8 1.752 ->
-// 1.719; 7B nt = 4 3.670 -> 3.362, nt = 8 5.149 -> 4.823; 0.5B / 14B within +-1.3%.
+// 1.719; 7B nt = 4 3.670 -> 3.362, nt = 8 5.149 -> 4.823; 0.5B within +-1.3%. (The warp kernel's
+// matrices, the 14B shape's, take mi_mmvq_warp_pair_kernel: nt = 4 7.087 -> 6.389.)
 template <int T, int NT>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_pair_kernel(const uint8_t *__restrict__ w0, int64_t row_bytes, int n_rows, int nchunks,
@@ -460,6 +461,77 @@ template <int NT, bool GLU> constexpr int mi_mmvq_unroll() {
     return NT <= 2 ? (GLU ? 2 : 4) : NT <= 4 ? (GLU ? 1 : 2) : 1;
 }
 
+// The warp kernel's pair variant (as mi_mmvq_pair_kernel for the block kernel; plain launches of
+// nt >= 2, MI_CUDA_MMVQ_PAIR): the row's wpr warps, lane l, take chunks l, l + 32, ... of two rows,
+// k and rpb + k of the block's 2 rpb rows (rpb = MI_MMVQ_WARPS / wpr), each activation block loaded
+// once for both; each row keeps the warp kernel's chunks, butterfly and fixed-order sum over its
+// warps: the same bits. U chunks a lane in flight as for a GLU launch (two rows a lane).
+template <int T, int NT, int U>
+__global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
+    mi_mmvq_warp_pair_kernel(const uint8_t *__restrict__ w0, int64_t row_bytes, int n_rows, int nchunks,
+                             const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate,
+                             int wpr) {
+    __shared__ float sh[2][MI_MMVQ_WARPS][NT];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, rpb = MI_MMVQ_WARPS / wpr;
+    const int tpr = 32 * wpr, j = (warp % wpr) * 32 + lane;
+    const int r0 = blockIdx.x * 2 * rpb, ra = r0 + warp / wpr, rb = ra + rpb;
+    mi_mmvq_prologue(w0, nullptr, row_bytes, r0, 2 * rpb, n_rows, os); // (never fused RoPE)
+    mi_epi_in<NT> ia, ib;
+    mi_epilogue_load<NT>(ra, j == 0 && ra < n_rows, os, accumulate, ia);
+    mi_epilogue_load<NT>(rb, j == 0 && rb < n_rows, os, accumulate, ib);
+    float acca[NT], accb[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acca[t] = accb[t] = 0.0f;
+    if (ra < n_rows) {
+        const uint8_t *rowa = w0 + (int64_t)ra * row_bytes;
+        const uint8_t *rowb = w0 + (int64_t)(rb < n_rows ? rb : ra) * row_bytes; // no row b: a again, dropped
+        constexpr int CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
+        for (int c0 = j; c0 < nchunks; c0 += tpr * U) {
+            mi_chunk cha[U], chb[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + tpr * u;
+                if (c < nchunks) {
+                    mi_qt<T>::load(rowa + (int64_t)(c / CPB) * BB, c % CPB, cha[u]);
+                    mi_qt<T>::load(rowb + (int64_t)(c / CPB) * BB, c % CPB, chb[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + tpr * u;
+                if (c < nchunks) mi_chunk_dot2<T, NT>(cha[u], chb[u], c, xq, ldxb, acca, accb);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        acca[t] = mi_warp_sum(acca[t]);
+        accb[t] = mi_warp_sum(accb[t]);
+    }
+    if (wpr > 1) { // fixed-order sum over the row's warps, as the warp kernel's
+        if (lane == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                sh[0][warp][t] = acca[t];
+                sh[1][warp][t] = accb[t];
+            }
+        __syncthreads();
+        if (j == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float va = sh[0][warp][t], vb = sh[1][warp][t];
+                for (int w = 1; w < wpr; w++) {
+                    va = __fadd_rn(va, sh[0][warp + w][t]);
+                    vb = __fadd_rn(vb, sh[1][warp + w][t]);
+                }
+                acca[t] = va;
+                accb[t] = vb;
+            }
+    }
+    if (j == 0 && ra < n_rows) mi_epilogue<NT>(acca, acca, false, ra, os, accumulate, ia);
+    if (j == 0 && rb < n_rows) mi_epilogue<NT>(accb, accb, false, rb, os, accumulate, ib);
+}
+
 // F32 / F16 weights times f32 activations (tied f16 embeddings as the LM head, tiny models).
 template <int T, int NT, bool GLU>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
@@ -503,7 +575,13 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
     if constexpr (T == MI_TYPE_F32 || T == MI_TYPE_F16)
         return mi_launch(mi_mmv_f_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols, a.xf, a.ldx, a.os, a.accumulate, a.rpb);
-    else if (a.warp)
+    else if (a.warp && NT >= 2 && !GLU && a.pair && !a.os.yq) {
+        __atomic_add_fetch(&mi_mmvq_pair_count, 1, __ATOMIC_RELAXED);
+        const int rpb = MI_MMVQ_WARPS / a.warp;
+        return mi_launch(mi_mmvq_warp_pair_kernel<T, NT, mi_mmvq_unroll<NT, true>()>, (a.n_rows + 2 * rpb - 1) / (2 * rpb),
+                         MI_MMVQ_WARPS * 32, s, a.w0, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os,
+                         a.accumulate, a.warp);
+    } else if (a.warp)
         return mi_launch(mi_mmvq_warp_kernel<T, NT, GLU, mi_mmvq_unroll<NT, GLU>()>,
                          (a.n_rows + MI_MMVQ_WARPS / a.warp - 1) / (MI_MMVQ_WARPS / a.warp), MI_MMVQ_WARPS * 32, s, a.w0,
                          a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.warp);
