@@ -913,31 +913,45 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                            param="model", code="model_not_found")
         return JSONResponse(model_card(llm, model_id))
 
-    @app.get("/props")
-    async def props() -> JSONResponse:
-        """llama.cpp's server properties, the fields its clients read."""
+    def slot() -> dict[str, Any]:
+        """The one slot this server has, in llama.cpp's shape (/props' default_generation_settings,
+        /slots' element): its context, speculation, whether a generation runs, the request defaults."""
         llm = state.require()
         dp = state.defaults
         defaults = {k: getattr(dp, k) if dp is not None else _GenRequest.model_fields[k].default
                     for k in _DEFAULTED if k not in ("seed", "samplers")}
         with state.metrics.lock:
             busy = state.metrics.processing > 0
-        return JSONResponse({
-            "default_generation_settings": {
-                "id": 0, "n_ctx": llm.n_ctx, "speculative": llm.draft is not None or llm.spec_ngram is not None,
-                "is_processing": busy,
+        return {"id": 0, "id_task": -1, "n_ctx": llm.n_ctx,
+                "speculative": llm.draft is not None or llm.spec_ngram is not None, "is_processing": busy,
                 # n_predict -1: until end of generation or a full context (/completion's default);
                 # seed -1: random
                 "params": {"n_predict": -1, "seed": -1 if dp is None or dp.seed is None else dp.seed, **defaults,
                            "stop": [], "stream": False,
                            "samplers": list(dp.chain if dp is not None else DEFAULT_SAMPLERS), "n_indent": 0,
-                           "t_max_predict_ms": -1}},
+                           "t_max_predict_ms": -1}}
+
+    @app.get("/props")
+    async def props() -> JSONResponse:
+        """llama.cpp's server properties, the fields its clients read."""
+        llm = state.require()
+        return JSONResponse({
+            "default_generation_settings": slot(),
             "total_slots": 1,
             "model_path": str(llm.model_path),
             "chat_template": llm.tokenizer.chat_template or "",
             "modalities": {"vision": False, "audio": False},
             "build_info": f"pyminfer {_VERSION}",
         })
+
+    @app.get("/slots")
+    async def slots(fail_on_no_slot: str = "") -> JSONResponse:
+        """llama.cpp's slot monitoring: a list of the slots (one here: requests run one at a time).
+        ``?fail_on_no_slot=1``: a 503 while it is busy, as llama-server answers when no slot is idle."""
+        s = slot()
+        if fail_on_no_slot not in ("", "0", "false") and s["is_processing"]:
+            raise APIError(503, "no slot available", type="unavailable_error", code="no_slot_available")
+        return JSONResponse([s])
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

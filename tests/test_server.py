@@ -896,6 +896,27 @@ def test_props(local):
     assert p["chat_template"] == state.llm.tokenizer.chat_template and p["build_info"].startswith("pyminfer")
 
 
+def test_slots(local):
+    """llama.cpp's GET /slots: one slot (requests run one at a time), /props'
+    default_generation_settings; ?fail_on_no_slot=1 is a 503 while it is busy (it was a 404)."""
+    c, state = local
+    r = c.get("/slots")
+    assert r.status_code == 200
+    sl = r.json()
+    assert isinstance(sl, list) and len(sl) == 1 and sl[0] == c.get("/props").json()["default_generation_settings"]
+    assert sl[0]["id"] == 0 and sl[0]["is_processing"] is False and sl[0]["n_ctx"] == state.llm.n_ctx
+    assert c.get("/slots?fail_on_no_slot=1").status_code == 200
+    with state.metrics.lock:
+        state.metrics.processing += 1  # as while a generation runs
+    try:
+        assert c.get("/slots").json()[0]["is_processing"] is True
+        err = _error(c.get("/slots?fail_on_no_slot=1"), 503)
+        assert err["code"] == "no_slot_available"
+    finally:
+        with state.metrics.lock:
+            state.metrics.processing -= 1
+
+
 def test_completion_prompt_shapes(local):
     """/v1/completions takes OpenAI's prompt shapes: text, token ids, and a batch of either
     ([["text"]] no: a batch holds strings or id lists). A batch of several answers one choice per
