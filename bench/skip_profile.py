@@ -5,7 +5,7 @@ For each synthetic model shape and each op kind, a context is made with MI_CUDA_
 graph is replayed back to back at a context depth; the kind's in-graph cost is the difference
 from the full forward. Variants are interleaved over two rounds; medians.
 
-    python3 bench/skip_profile.py [--models 0.5b,1.5b] [--depths 300,4096] [--kinds attn,norm,...]
+    python3 bench/skip_profile.py [--models 0.5b,1.5b] [--depths 300,4096] [--kinds attn,norm,...] [--nts 1,4]
 """
 from __future__ import annotations
 
@@ -35,12 +35,14 @@ def main() -> None:
     ap.add_argument("--depths", default="300,4096")
     ap.add_argument("--kinds", default=KINDS)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--nts", default="1,8", help="graph batch sizes to replay (default 1,8)")
     ap.add_argument("--variant", action="append", default=[], metavar="'VAR=V VAR2=V2'",
                     help="environment settings measured as a separate table each (repeatable; default: none)")
     args = ap.parse_args()
     variants = args.variant or [""]
     depths = [int(d) for d in args.depths.split(",")]
     kinds = args.kinds.split(",")
+    nts = [int(x) for x in args.nts.split(",")]
     for name in args.models.split(","):
         cfg, tensors, keep, _ = synthetic_model(np.random.default_rng(0), types=types_for(name), **SHAPES[name])
         res: dict[tuple[str, int, int], list[float]] = {}
@@ -54,7 +56,7 @@ def main() -> None:
                 for d in depths:
                     prefill(ctx, d, start=done)
                     done = d
-                    for nt in (1, 8):
+                    for nt in nts:
                         res.setdefault((var, k, d, nt), []).append(replay_at(ctx, d, nt, args.reps))
                 ctx.close()
                 for key in env:
@@ -63,11 +65,11 @@ def main() -> None:
         for var in variants:
             print(f"\n{name} {var or '(default)'}: GPU ms per graph replay; 'cost' = full - without the kind")
             print(f"{'kind':10} " + " ".join(f"{'@' + str(d) + ' nt=' + str(nt):>14} {'cost':>7}"
-                                             for d in depths for nt in (1, 8)))
+                                             for d in depths for nt in nts))
             for k in kinds:
                 cells = []
                 for d in depths:
-                    for nt in (1, 8):
+                    for nt in nts:
                         full = statistics.median(res[(var, "none", d, nt)])
                         v = statistics.median(res[(var, k, d, nt)])
                         cells.append(f"{v:14.4f} {full - v:7.4f}")
