@@ -490,15 +490,18 @@ class LLM:
                         self._cache_ids = list(ids)  # every prompt position's K/V is in the cache now
                     yield ch
             finally:
-                if generated:
-                    # every generated token but the last has its K/V in the cache: a yielded token
-                    # is fed forward by the next step or round, and a native forward is never cut
-                    # halfway (pyminfer.chat keeps the same invariant)
-                    self._cache_ids = ids + generated[:-1]
-                    dnp = (res.spec or {}).get("draft_n_past") if res is not None else None
-                    if isinstance(dnp, int):
-                        self._draft_ids = (ids + list(res.generated_ids))[:dnp]
-                self._marks = (self.model.writes, self._draft.writes if self._draft is not None else -1)
+                if self._model is None:  # closed while this stream was open: nothing left to track
+                    self._cache_ids, self._draft_ids = [], []
+                else:
+                    if generated:
+                        # every generated token but the last has its K/V in the cache: a yielded
+                        # token is fed forward by the next step or round, and a native forward is
+                        # never cut halfway (pyminfer.chat keeps the same invariant)
+                        self._cache_ids = ids + generated[:-1]
+                        dnp = (res.spec or {}).get("draft_n_past") if res is not None else None
+                        if isinstance(dnp, int):
+                            self._draft_ids = (ids + list(res.generated_ids))[:dnp]
+                    self._marks = (self._model.writes, self._draft.writes if self._draft is not None else -1)
         finally:
             self._release()
 

@@ -11,7 +11,7 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 
 import numpy as np
@@ -125,10 +125,18 @@ class Model:
         return self.config.n_vocab
 
     def close(self) -> None:
-        """Free the KV cache and device memory now."""
+        """Free the KV cache and device memory now. Forwards after it raise RuntimeError."""
         if getattr(self, "ctx", None) is not None:
             self.ctx.close()
             self.ctx = None
+
+    def _live(self) -> Any:
+        """The native context; RuntimeError naming the file once closed (a stream still open on a
+        closed LLM ends there, not on None)."""
+        ctx = getattr(self, "ctx", None)
+        if ctx is None:
+            raise RuntimeError(f"model {self.gguf.path.name} is closed")
+        return ctx
 
     def __enter__(self) -> "Model":
         return self
@@ -158,10 +166,10 @@ class Model:
         self.writes += 1
         if logits:
             out = np.empty((len(rows), self.n_vocab), np.float32)
-            self.ctx.forward(tk, pos, rows, out, None)
+            self._live().forward(tk, pos, rows, out, None)
             return out
         am = np.empty(len(rows), np.int32)
-        self.ctx.forward(tk, pos, rows, None, am)
+        self._live().forward(tk, pos, rows, None, am)
         return self._checked(am)
 
     def submit(self, tokens: Sequence[int], start: int, out_rows: Sequence[int]) -> None:
@@ -176,19 +184,19 @@ class Model:
             raise ValueError(f"batch of {n} tokens exceeds max_nt={self.max_nt}")
         self._check_span(n, start)
         self.writes += 1
-        self.ctx.forward_submit(np.asarray(tokens, dtype=np.int32), np.arange(start, start + n, dtype=np.int32),
+        self._live().forward_submit(np.asarray(tokens, dtype=np.int32), np.arange(start, start + n, dtype=np.int32),
                                 np.asarray(out_rows, dtype=np.int32))
         self._pend_rows = len(out_rows)  # only once submitted: a refused submit leaves the pending one
 
     def ready(self) -> bool:
         """Whether the submitted forward has finished (never blocks)."""
-        return bool(self.ctx.forward_ready())
+        return bool(self._live().forward_ready())
 
     def wait(self) -> np.ndarray:
         """Wait for the submitted forward; its int32 argmax ids [len(out_rows)]. NaNLogitsError as
         ``forward``."""
         am = np.empty(self._pend_rows, np.int32)
-        self.ctx.forward_wait(am)
+        self._live().forward_wait(am)
         return self._checked(am)
 
     def _checked(self, argmax: np.ndarray) -> np.ndarray:

@@ -171,6 +171,30 @@ def test_close_and_context_manager():
             pass
 
 
+@pytest.mark.parametrize("draft", [None, "smollm2-135m"])
+def test_close_with_a_stream_open(draft, monkeypatch):
+    """An LLM closed while one of its streams is suspended: the stream's next token is a
+    RuntimeError naming the closed model (it was an AttributeError on the freed context, chained
+    under the LLM's own error), and closing the abandoned stream afterwards is silent (its cleanup
+    read the closed LLM's model and printed 'Exception ignored' at exit); plain and speculative."""
+    unraisable = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    m = LLM("smollm2-135m", draft_model=draft, device="cpu", n_ctx=64, spec_draft_n=2)
+    it = m.generate(PROMPT, max_tokens=8, temperature=0, stream=True)
+    next(it)
+    m.close()
+    with pytest.raises(RuntimeError, match="smollm2.* is closed") as e:
+        next(it)
+    assert e.value.__context__ is None
+    m = LLM("smollm2-135m", draft_model=draft, device="cpu", n_ctx=64, spec_draft_n=2)
+    it = m.chat([{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0, stream=True)
+    next(it)
+    m.close()
+    it.close()  # what the garbage collector does with an abandoned stream
+    del it
+    assert unraisable == []
+
+
 @pytest.mark.parametrize("kw,name", [
     ({"temperature": "0"}, "temperature"), ({"temperature": True}, "temperature"), ({"top_p": "0.9"}, "top_p"),
     ({"min_p": None}, "min_p"), ({"repeat_penalty": False}, "repeat_penalty"), ({"top_k": 2.5}, "top_k"),
