@@ -1,8 +1,8 @@
 """Where a decode step's GPU time goes inside the captured graph, by leaving op kinds out.
 
 For each synthetic model shape and each op kind, a context is made with MI_CUDA_SKIP=<kind>
-(context.cu: the kind is not launched; outputs are wrong, timing only) and the nt=1 (and nt=8)
-graph is replayed back to back at a context depth; the kind's in-graph cost is the difference
+(context.cu: the kind is not launched; outputs are wrong, timing only) and the graph of each --nts
+batch size (default 1 and 8) is replayed back to back at a context depth; the kind's in-graph cost is the difference
 from the full forward. Variants are interleaved over two rounds; medians.
 
     python3 bench/skip_profile.py [--models 0.5b,1.5b] [--depths 300,4096] [--kinds attn,norm,...] [--nts 1,4]
@@ -42,10 +42,15 @@ def main() -> None:
     variants = args.variant or [""]
     depths = [int(d) for d in args.depths.split(",")]
     kinds = args.kinds.split(",")
-    nts = [int(x) for x in args.nts.split(",")]
+    try:
+        nts = [int(x) for x in args.nts.split(",")]
+    except ValueError:
+        ap.error(f"--nts wants comma-separated integers, got {args.nts!r}")
+    if any(not 1 <= nt <= 64 for nt in nts):  # the contexts below hold 64-row batches
+        ap.error(f"--nts: batch sizes must be in 1..64, got {args.nts!r}")
     for name in args.models.split(","):
         cfg, tensors, keep, _ = synthetic_model(np.random.default_rng(0), types=types_for(name), **SHAPES[name])
-        res: dict[tuple[str, int, int], list[float]] = {}
+        res: dict[tuple[str, str, int, int], list[float]] = {}
         for _ in range(2):
             for var, k in [(v, k) for v in variants for k in kinds]:
                 env = dict(kv.split("=", 1) for kv in var.split())

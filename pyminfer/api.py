@@ -490,7 +490,8 @@ class LLM:
                         self._cache_ids = list(ids)  # every prompt position's K/V is in the cache now
                     yield ch
             finally:
-                if self._model is None:  # closed while this stream was open: nothing left to track
+                model, draft = self._model, self._draft  # once: close() may run meanwhile
+                if model is None:  # closed while this stream was open: nothing left to track
                     self._cache_ids, self._draft_ids = [], []
                 else:
                     if generated:
@@ -501,7 +502,7 @@ class LLM:
                         dnp = (res.spec or {}).get("draft_n_past") if res is not None else None
                         if isinstance(dnp, int):
                             self._draft_ids = (ids + list(res.generated_ids))[:dnp]
-                    self._marks = (self._model.writes, self._draft.writes if self._draft is not None else -1)
+                    self._marks = (model.writes, draft.writes if draft is not None else -1)
         finally:
             self._release()
 

@@ -133,10 +133,9 @@ class Model:
     def _live(self) -> Any:
         """The native context; RuntimeError naming the file once closed (a stream still open on a
         closed LLM ends there, not on None)."""
-        ctx = getattr(self, "ctx", None)
-        if ctx is None:
+        if self.ctx is None:
             raise RuntimeError(f"model {self.gguf.path.name} is closed")
-        return ctx
+        return self.ctx
 
     def __enter__(self) -> "Model":
         return self
