@@ -130,11 +130,12 @@ template <int T> __device__ __forceinline__ float mi_chunk_term(float dw, float 
 }
 
 // The dp4a kernels' integer dot of a chunk: sc0 * dot(q[0:16], a[0:16]) + sc1 * dot(q[16:32], a[16:32]),
-// exact. Types of one scale a chunk (mi_qt<T>::ONE_SCALE: sc0 = sc1 = 1) take one chain of 8 dp4a (the
-// same integer, one add fewer; unsigned weight bytes where Q_UNSIGNED). sh: the chunk's weights are the
-// bytes 2^sh q (mi_load_dp; 0 but for q4_K's high nibbles).
+// exact. q4_K (sc0 = sc1 = 1) takes one chain of 8 dp4a: the same integer, one add fewer. (Taken by every
+// type of one scale a chunk, it slowed the 0.5B shape, q5_0 / q8_0 rows of 28 chunks: nt = 1 0.598 ->
+// 0.610 ms; a thread's one chunk then waits on the longer chain.) sh: the chunk's weights are the bytes
+// 2^sh q (mi_load_dp; 0 but for q4_K's high-nibble chunks).
 // MI_MMVQ_DP_OLD (compile time, A/B timing): 1 builds the two-chain dot, 2 the shifted loads, 3 both
-// (session 32's kernels). H200, GPU ms a forward, 3 -> 0 (docs/perf.md, session 33): 1.5B shape nt = 1
+// (session 32's kernels, but for q4_K's dp4a taking its weight bytes unsigned: the same integers). H200, GPU ms a forward, 3 -> 0 (docs/perf.md, session 33): 1.5B shape nt = 1
 // 0.958 -> 0.949, nt = 2 1.061 -> 1.042, nt = 4 1.262 -> 1.264; 7B 2.342 -> 2.303, 2.677 -> 2.649, 3.368 -> 3.358;
 // logits digests unchanged.
 #ifndef MI_MMVQ_DP_OLD
@@ -145,12 +146,12 @@ __device__ __forceinline__ int mi_dp4a_us(uint32_t a, int b, int c) { // unsigne
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
-template <int T> __device__ __forceinline__ int mi_dp4a_q(int q, int a, int c) {
-    return mi_qt<T>::Q_UNSIGNED ? mi_dp4a_us((uint32_t)q, a, c) : __dp4a(q, a, c);
+template <int T> __device__ __forceinline__ int mi_dp4a_q(int q, int a, int c) { // q4_K's in-place bytes: unsigned
+    return T == MI_TYPE_Q4_K ? mi_dp4a_us((uint32_t)q, a, c) : __dp4a(q, a, c);
 }
 template <int T>
 __device__ __forceinline__ int mi_chunk_isum(const mi_chunk &ch, int sh, int2 a0, int2 a1, int2 a2, int2 a3) {
-    if constexpr (mi_qt<T>::ONE_SCALE && !(MI_MMVQ_DP_OLD & 1)) {
+    if constexpr (T == MI_TYPE_Q4_K && !(MI_MMVQ_DP_OLD & 1)) {
         const int b[8] = {a0.x, a0.y, a1.x, a1.y, a2.x, a2.y, a3.x, a3.y};
         int s = 0;
 #pragma unroll

@@ -28,8 +28,6 @@ __device__ __forceinline__ void mi_scale_min_k4(int j, const uint8_t *q, int &d,
     }
 }
 
-// Per type: CPB chunks of 32 weights a block of BB bytes; HAS_MIN: a chunk's term adds mw * a.s;
-// ONE_SCALE: sc0 = sc1 = 1 in every chunk; Q_UNSIGNED: the q bytes are 0..255 (else int8).
 template <int T> struct mi_qt;
 
 // 32 bytes from a 2-aligned address as 8 words: 9 aligned 4-byte loads funnel-shifted by 0 or 16
@@ -67,7 +65,7 @@ __device__ __forceinline__ void mi_kquant_head(const uint8_t *b, int k, mi_chunk
 }
 
 template <> struct mi_qt<MI_TYPE_Q4_0> {
-    static constexpr int CPB = 1, BB = 18, HAS_MIN = 0, ONE_SCALE = 1, Q_UNSIGNED = 0;
+    static constexpr int CPB = 1, BB = 18, HAS_MIN = 0;
     static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -81,7 +79,7 @@ template <> struct mi_qt<MI_TYPE_Q4_0> {
     }
 };
 template <> struct mi_qt<MI_TYPE_Q4_1> {
-    static constexpr int CPB = 1, BB = 20, HAS_MIN = 1, ONE_SCALE = 1, Q_UNSIGNED = 1;
+    static constexpr int CPB = 1, BB = 20, HAS_MIN = 1;
     static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -95,7 +93,7 @@ template <> struct mi_qt<MI_TYPE_Q4_1> {
     }
 };
 template <> struct mi_qt<MI_TYPE_Q5_0> {
-    static constexpr int CPB = 1, BB = 22, HAS_MIN = 0, ONE_SCALE = 1, Q_UNSIGNED = 0;
+    static constexpr int CPB = 1, BB = 22, HAS_MIN = 0;
     static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
         const uint32_t qh = mi_ld_a2(b + 2);
 #pragma unroll
@@ -110,7 +108,7 @@ template <> struct mi_qt<MI_TYPE_Q5_0> {
     }
 };
 template <> struct mi_qt<MI_TYPE_Q5_1> {
-    static constexpr int CPB = 1, BB = 24, HAS_MIN = 1, ONE_SCALE = 1, Q_UNSIGNED = 1;
+    static constexpr int CPB = 1, BB = 24, HAS_MIN = 1;
     static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
         const uint32_t qh = mi_ld_a4(b + 4);
 #pragma unroll
@@ -125,7 +123,7 @@ template <> struct mi_qt<MI_TYPE_Q5_1> {
     }
 };
 template <> struct mi_qt<MI_TYPE_Q8_0> {
-    static constexpr int CPB = 1, BB = 34, HAS_MIN = 0, ONE_SCALE = 1, Q_UNSIGNED = 0;
+    static constexpr int CPB = 1, BB = 34, HAS_MIN = 0;
     static __device__ __forceinline__ void load(const uint8_t *b, int, mi_chunk &c) {
 #pragma unroll
         for (int i = 0; i < 8; i++) c.q[i] = (int)mi_ld_a2(b + 2 + 4 * i);
@@ -135,7 +133,7 @@ template <> struct mi_qt<MI_TYPE_Q8_0> {
     }
 };
 template <> struct mi_qt<MI_TYPE_Q4_K> {
-    static constexpr int CPB = 8, BB = 144, HAS_MIN = 1, ONE_SCALE = 1, Q_UNSIGNED = 1;
+    static constexpr int CPB = 8, BB = 144, HAS_MIN = 1;
     static __device__ __forceinline__ void load(const uint8_t *b, int k, mi_chunk &c) {
         // chunks 2i and 2i+1 share qs[32i..32i+31]: low nibbles, then high nibbles (16-byte loads).
         const uint4 *p = (const uint4 *)(b + 16 + 32 * (k >> 1));
@@ -148,7 +146,7 @@ template <> struct mi_qt<MI_TYPE_Q4_K> {
     }
 };
 template <> struct mi_qt<MI_TYPE_Q5_K> {
-    static constexpr int CPB = 8, BB = 176, HAS_MIN = 1, ONE_SCALE = 1, Q_UNSIGNED = 1;
+    static constexpr int CPB = 8, BB = 176, HAS_MIN = 1;
     static __device__ __forceinline__ void load(const uint8_t *b, int k, mi_chunk &c) {
         const uint4 *p = (const uint4 *)(b + 48 + 32 * (k >> 1));
         const uint4 *ph = (const uint4 *)(b + 16);
@@ -162,7 +160,7 @@ template <> struct mi_qt<MI_TYPE_Q5_K> {
     }
 };
 template <> struct mi_qt<MI_TYPE_Q6_K> {
-    static constexpr int CPB = 8, BB = 210, HAS_MIN = 0, ONE_SCALE = 0, Q_UNSIGNED = 0;
+    static constexpr int CPB = 8, BB = 210, HAS_MIN = 0;
     static __device__ __forceinline__ void load(const uint8_t *b, int k, mi_chunk &c) {
         // Half n = k/4 holds 4 interleaved chunks: kk&1 picks ql[+32], kk>>1 the high nibble,
         // and qh's 2-bit field 2*kk (ggml's dequantize_row_q6_K order). Blocks are 2-aligned.
