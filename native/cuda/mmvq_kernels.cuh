@@ -132,12 +132,13 @@ template <int T> __device__ __forceinline__ float mi_chunk_term(float dw, float 
 // The dp4a kernels' integer dot of a chunk: sc0 * dot(q[0:16], a[0:16]) + sc1 * dot(q[16:32], a[16:32]),
 // exact. q4_K (sc0 = sc1 = 1) takes one chain of 8 dp4a: the same integer, one add fewer. (Taken by every
 // type of one scale a chunk, it slowed the 0.5B shape, q5_0 / q8_0 rows of 28 chunks: nt = 1 0.598 ->
-// 0.610 ms; a thread's one chunk then waits on the longer chain.) sh: the chunk's weights are the bytes
-// 2^sh q (mi_load_dp; 0 but for q4_K's high-nibble chunks).
+// 0.610 ms; a thread's one chunk then waits on the longer chain.) qsh: the chunk's weights are the bytes
+// 2^qsh q (mi_load_dp; 0 but for q4_K's high-nibble chunks).
 // MI_MMVQ_DP_OLD (compile time, A/B timing): 1 builds the two-chain dot, 2 the shifted loads, 3 both
-// (session 32's kernels, but for q4_K's dp4a taking its weight bytes unsigned: the same integers). H200, GPU ms a forward, 3 -> 0 (docs/perf.md, session 33): 1.5B shape nt = 1
-// 0.958 -> 0.949, nt = 2 1.061 -> 1.042, nt = 4 1.262 -> 1.264; 7B 2.342 -> 2.303, 2.677 -> 2.649, 3.368 -> 3.358;
-// logits digests unchanged.
+// (session 32's kernels, but for q4_K's dp4a taking its weight bytes unsigned: the same integers).
+// H200, GPU ms a forward, 3 -> 0 (docs/perf.md, session 33): 1.5B shape nt = 1 0.958 -> 0.949, nt = 2
+// 1.061 -> 1.042, nt = 4 1.262 -> 1.264; 7B 2.342 -> 2.303, 2.677 -> 2.649, 3.368 -> 3.358; 14B nt = 4
+// 6.382 -> 6.188; logits digests unchanged.
 #ifndef MI_MMVQ_DP_OLD
 #define MI_MMVQ_DP_OLD 0
 #endif
@@ -150,47 +151,47 @@ template <int T> __device__ __forceinline__ int mi_dp4a_q(int q, int a, int c) {
     return T == MI_TYPE_Q4_K ? mi_dp4a_us((uint32_t)q, a, c) : __dp4a(q, a, c);
 }
 template <int T>
-__device__ __forceinline__ int mi_chunk_isum(const mi_chunk &ch, int sh, int2 a0, int2 a1, int2 a2, int2 a3) {
+__device__ __forceinline__ int mi_chunk_isum(const mi_chunk &ch, int qsh, int2 a0, int2 a1, int2 a2, int2 a3) {
     if constexpr (T == MI_TYPE_Q4_K && !(MI_MMVQ_DP_OLD & 1)) {
         const int b[8] = {a0.x, a0.y, a1.x, a1.y, a2.x, a2.y, a3.x, a3.y};
         int s = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) s = mi_dp4a_q<T>(ch.q[i], b[i], s);
-        return s >> sh; // a multiple of 2^sh: exact
+        return s >> qsh; // a multiple of 2^qsh: exact
     } else {
         const int s0 = mi_dp4a_q<T>(ch.q[3], a1.y, mi_dp4a_q<T>(ch.q[2], a1.x, mi_dp4a_q<T>(ch.q[1], a0.y, mi_dp4a_q<T>(ch.q[0], a0.x, 0))));
         const int s1 = mi_dp4a_q<T>(ch.q[7], a3.y, mi_dp4a_q<T>(ch.q[6], a3.x, mi_dp4a_q<T>(ch.q[5], a2.y, mi_dp4a_q<T>(ch.q[4], a2.x, 0))));
-        return (ch.sc0 * s0 + ch.sc1 * s1) >> sh;
+        return (ch.sc0 * s0 + ch.sc1 * s1) >> qsh;
     }
 }
 
 // Chunk k of the block at b for the dp4a kernels: mi_qt<T>::load, except that q4_K's high-nibble chunks
-// keep their nibbles in place (bytes 16 q: one AND a word instead of a shift and an AND; sh = 4 tells
+// keep their nibbles in place (bytes 16 q: one AND a word instead of a shift and an AND; qsh = 4 tells
 // mi_chunk_isum to shift the dot back). Same integers, so the same bits.
-template <int T> __device__ __forceinline__ void mi_load_dp(const uint8_t *b, int k, mi_chunk &c, int &sh) {
+template <int T> __device__ __forceinline__ void mi_load_dp(const uint8_t *b, int k, mi_chunk &c, int &qsh) {
     if constexpr (T == MI_TYPE_Q4_K && !(MI_MMVQ_DP_OLD & 2)) {
         const uint4 *p = (const uint4 *)(b + 16 + 32 * (k >> 1)); // as mi_qt<MI_TYPE_Q4_K>::load
         const uint4 v0 = p[0], v1 = p[1];
-        sh = 4 * (k & 1);
-        const uint32_t m = 0x0F0F0F0Fu << sh;
+        qsh = 4 * (k & 1);
+        const uint32_t m = 0x0F0F0F0Fu << qsh;
         const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int j = 0; j < 8; j++) c.q[j] = (int)(v[j] & m);
         mi_kquant_head(b, k, c);
     } else {
         mi_qt<T>::load(b, k, c);
-        sh = 0;
+        qsh = 0;
     }
 }
 
 template <int T, int NT>
-__device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int sh, int c, const mi_block_q8a *xq, int64_t ldxb,
+__device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int qsh, int c, const mi_block_q8a *xq, int64_t ldxb,
                                              float *acc) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const mi_block_q8a *a = xq + t * ldxb + c;
         const int2 *aq = (const int2 *)a->qs;
-        const int isum = mi_chunk_isum<T>(ch, sh, aq[0], aq[1], aq[2], aq[3]);
+        const int isum = mi_chunk_isum<T>(ch, qsh, aq[0], aq[1], aq[2], aq[3]);
         acc[t] = __fadd_rn(acc[t], mi_chunk_term<T>(ch.dw, ch.mw, a->d, a->s, isum));
     }
 }
@@ -199,15 +200,15 @@ template <int T, int NT>
 __device__ __forceinline__ void mi_row_chunk(const uint8_t *row, int c, const mi_block_q8a *xq, int64_t ldxb,
                                              float *acc) {
     mi_chunk ch;
-    int sh;
-    mi_load_dp<T>(row + (int64_t)(c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch, sh);
-    mi_chunk_dot<T, NT>(ch, sh, c, xq, ldxb, acc);  // one chunk formula for every kernel (bitwise rows)
+    int qsh;
+    mi_load_dp<T>(row + (int64_t)(c / mi_qt<T>::CPB) * mi_qt<T>::BB, c % mi_qt<T>::CPB, ch, qsh);
+    mi_chunk_dot<T, NT>(ch, qsh, c, xq, ldxb, acc);  // one chunk formula for every kernel (bitwise rows)
 }
 
 // mi_chunk_dot for two weight rows' chunks c at once: each activation block is loaded once for both
 // (the pair kernel); every row's arithmetic is mi_chunk_dot's, so the same bits.
 template <int T, int NT>
-__device__ __forceinline__ void mi_chunk_dot2(const mi_chunk &ca, const mi_chunk &cb, int sh, int c,
+__device__ __forceinline__ void mi_chunk_dot2(const mi_chunk &ca, const mi_chunk &cb, int qsh, int c,
                                               const mi_block_q8a *xq, int64_t ldxb, float *acca, float *accb) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -215,8 +216,8 @@ __device__ __forceinline__ void mi_chunk_dot2(const mi_chunk &ca, const mi_chunk
         const int2 *aq = (const int2 *)a->qs;
         const int2 a0 = aq[0], a1 = aq[1], a2 = aq[2], a3 = aq[3];
         const float ad = a->d, as = a->s;
-        acca[t] = __fadd_rn(acca[t], mi_chunk_term<T>(ca.dw, ca.mw, ad, as, mi_chunk_isum<T>(ca, sh, a0, a1, a2, a3)));
-        accb[t] = __fadd_rn(accb[t], mi_chunk_term<T>(cb.dw, cb.mw, ad, as, mi_chunk_isum<T>(cb, sh, a0, a1, a2, a3)));
+        acca[t] = __fadd_rn(acca[t], mi_chunk_term<T>(ca.dw, ca.mw, ad, as, mi_chunk_isum<T>(ca, qsh, a0, a1, a2, a3)));
+        accb[t] = __fadd_rn(accb[t], mi_chunk_term<T>(cb.dw, cb.mw, ad, as, mi_chunk_isum<T>(cb, qsh, a0, a1, a2, a3)));
     }
 }
 
@@ -398,10 +399,10 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 #pragma unroll 2
         for (int c = j; c < nchunks; c += tpr) {
             mi_chunk cha, chb;
-            int sh; // the same for both rows (a function of c)
-            mi_load_dp<T>(rowa + (int64_t)(c / CPB) * BB, c % CPB, cha, sh);
-            mi_load_dp<T>(rowb + (int64_t)(c / CPB) * BB, c % CPB, chb, sh);
-            mi_chunk_dot2<T, NT>(cha, chb, sh, c, xq, ldxb, acca, accb);
+            int qsh; // the same for both rows (a function of c)
+            mi_load_dp<T>(rowa + (int64_t)(c / CPB) * BB, c % CPB, cha, qsh);
+            mi_load_dp<T>(rowb + (int64_t)(c / CPB) * BB, c % CPB, chb, qsh);
+            mi_chunk_dot2<T, NT>(cha, chb, qsh, c, xq, ldxb, acca, accb);
         }
     }
     mi_row_reduce<NT>(acca, tpr, sh[0]);
@@ -458,21 +459,21 @@ __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
         constexpr int CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
         for (int c0 = j; c0 < nchunks; c0 += tpr * U) {
             mi_chunk ch[U], ch1[GLU ? U : 1];
-            int sh[U];
+            int qsh[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + tpr * u;
                 if (c < nchunks) {
-                    mi_load_dp<T>(row0 + (int64_t)(c / CPB) * BB, c % CPB, ch[u], sh[u]);
-                    if (GLU) mi_load_dp<T>(row1 + (int64_t)(c / CPB) * BB, c % CPB, ch1[GLU ? u : 0], sh[u]);
+                    mi_load_dp<T>(row0 + (int64_t)(c / CPB) * BB, c % CPB, ch[u], qsh[u]);
+                    if (GLU) mi_load_dp<T>(row1 + (int64_t)(c / CPB) * BB, c % CPB, ch1[GLU ? u : 0], qsh[u]);
                 }
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + tpr * u;
                 if (c < nchunks) {
-                    mi_chunk_dot<T, NT>(ch[u], sh[u], c, xq, ldxb, acc);
-                    if (GLU) mi_chunk_dot<T, NT>(ch1[GLU ? u : 0], sh[u], c, xq, ldxb, acc1);
+                    mi_chunk_dot<T, NT>(ch[u], qsh[u], c, xq, ldxb, acc);
+                    if (GLU) mi_chunk_dot<T, NT>(ch1[GLU ? u : 0], qsh[u], c, xq, ldxb, acc1);
                 }
             }
         }
@@ -538,19 +539,19 @@ __global__ void __launch_bounds__(MI_MMVQ_WARPS * 32)
         constexpr int CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
         for (int c0 = j; c0 < nchunks; c0 += tpr * U) {
             mi_chunk cha[U], chb[U];
-            int sh[U];
+            int qsh[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + tpr * u;
                 if (c < nchunks) {
-                    mi_load_dp<T>(rowa + (int64_t)(c / CPB) * BB, c % CPB, cha[u], sh[u]);
-                    mi_load_dp<T>(rowb + (int64_t)(c / CPB) * BB, c % CPB, chb[u], sh[u]);
+                    mi_load_dp<T>(rowa + (int64_t)(c / CPB) * BB, c % CPB, cha[u], qsh[u]);
+                    mi_load_dp<T>(rowb + (int64_t)(c / CPB) * BB, c % CPB, chb[u], qsh[u]);
                 }
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + tpr * u;
-                if (c < nchunks) mi_chunk_dot2<T, NT>(cha[u], chb[u], sh[u], c, xq, ldxb, acca, accb);
+                if (c < nchunks) mi_chunk_dot2<T, NT>(cha[u], chb[u], qsh[u], c, xq, ldxb, acca, accb);
             }
         }
     }
