@@ -488,6 +488,8 @@ class LLM:
                     res = ch.result or res
                     if ch.result is not None and warm:
                         self._cache_ids = list(ids)  # every prompt position's K/V is in the cache now
+                        if (ch.result.spec or {}).get("draft_n_past") == len(ids):  # and in the draft's
+                            self._draft_ids = list(ids)
                     yield ch
             finally:
                 model, draft = self._model, self._draft  # once: close() may run meanwhile

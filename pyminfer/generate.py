@@ -146,8 +146,10 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     Every generated id appears in exactly one chunk's token_ids (text may be "" while a UTF-8
     character or a possible stop string is incomplete).
     ``warm`` with ``max_tokens`` 0: the prompt is still evaluated into the target's KV cache (from
-    n_past on) and nothing is generated, so that a later generation sharing the prompt reuses it
-    (llama.cpp's server does this for n_predict 0: an editor's cache warm-up).
+    n_past on) and the draft model's (from draft_n_past on, where it fits the draft's n_ctx; the
+    result's spec["draft_n_past"] says how far) and nothing is generated, so that a later generation
+    sharing the prompt reuses it (llama.cpp's server does this for n_predict 0: an editor's cache
+    warm-up).
     """
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty (no tokens): give some text")
@@ -193,6 +195,10 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     warm_stats: dict[str, Any] = {}
     if max_tokens == 0 and warm:
         model.prefill(list(prompt_ids[n_past:]), n_past, logits=False)
+        if draft is not None and len(prompt_ids) < draft.n_ctx:  # the draft's cache too, as a round's prefill
+            dn = max(0, min(draft_n_past, len(prompt_ids) - 1))
+            draft.prefill(list(prompt_ids[dn:]), dn, logits=False)
+            dec.draft_n_past = len(prompt_ids)
         warm_stats = {"prefill_s": time.perf_counter() - t_start, "prefill_tokens": len(prompt_ids) - n_past}
     if max_tokens == 0:
         src: Any = iter(())

@@ -325,6 +325,35 @@ def test_prompt_cache_reuses_the_longest_common_prefix():
         assert c.timings["cached_tokens"] == n + len(a.generated_ids) - 1 and c.spec["accepted"] > 0
 
 
+def test_warm_up_fills_the_draft_cache_too(monkeypatch):
+    """max_tokens 0 (the server's n_predict 0 warm-up) evaluates the prompt into the draft model's
+    cache as well as the target's, so the next speculative generation sharing the prompt prefills
+    neither again (the draft was left cold before: its next round re-read the whole prompt)."""
+    with LLM("smollm2-135m", draft_model="smollm2-135m", device="cpu", n_ctx=256, spec_draft_n=3) as s, \
+            LLM("smollm2-135m", device="cpu", n_ctx=256) as plain:
+        ids = s.tokenize(" ".join(["The quick brown fox jumps over the lazy dog."] * 3))
+        w = s.generate(ids, max_tokens=0)
+        assert w.generated_ids == [] and w.spec["draft_n_past"] == len(ids)
+        seen: list[tuple[int, int]] = []  # (n_past, tokens) of each draft prefill
+        real = s.draft.prefill
+        monkeypatch.setattr(s.draft, "prefill", lambda t, start, **kw: seen.append((start, len(t))) or real(t, start, **kw))
+        more = ids + s.tokenize(" Then")
+        r = s.generate(more, max_tokens=6, temperature=0)
+        assert r.timings["cached_tokens"] == len(ids)
+        assert seen[0] == (len(ids), len(more) - len(ids)), seen  # only the new tokens
+        assert r.generated_ids == plain.generate(more, max_tokens=6, temperature=0).generated_ids
+    # a prompt past the draft's own context: the draft is left alone (its rounds run at d = 0)
+    from pyminfer.engine import Model
+    from pyminfer.models import ensure_model
+
+    path = ensure_model("smollm2-135m")
+    with LLM.from_models(Model(path, device="cpu", n_ctx=256), Model(path, device="cpu", n_ctx=16),
+                         spec_draft_n=3) as s:
+        w = s.generate(ids, max_tokens=0)
+        assert w.spec["draft_n_past"] == 0 and s.generate(more, max_tokens=6, temperature=0).generated_ids == \
+            r.generated_ids
+
+
 def test_cut_mid_character_drops_incomplete_bytes(smol_path):
     """A generation stopped inside a multi-byte character ends without U+FFFD (llama.cpp server)."""
     from pyminfer import LLM
