@@ -72,7 +72,9 @@ class LLM:
         n_ctx: context size in tokens (default min(4096, the model's trained context); 0: the
             trained context, as llama-cpp-python's n_ctx=0).
         n_threads: CPU threads (0: all cores).
-        spec_draft_n: draft tokens per speculative round (0..8; checked with or without a draft).
+        spec_draft_n: draft tokens per speculative round (0..8; checked with or without a draft;
+            with a draft at most n_ubatch - 1), or with spec_adaptive the first depth tried (capped
+            at n_ubatch - 1).
         spec_adaptive: choose the draft depth each round (needs draft_model).
         spec_ngram: n-gram drafts (pyminfer.ngram.NgramSpec(n, m); llama.cpp's
             ``--spec-type ngram-simple``), alone or before the draft model; None: off.
@@ -108,7 +110,7 @@ class LLM:
                              f"forward takes {spec_ngram.m + 1} tokens")
         _check_spec(spec_draft_n, spec_adaptive, draft_model is not None)
         if draft_model is not None:
-            if n_ubatch is not None and n_ubatch < spec_draft_n + 1:
+            if n_ubatch is not None and n_ubatch < spec_draft_n + 1 and not spec_adaptive:  # (adaptive: capped)
                 raise ValueError(f"n_ubatch {n_ubatch} is too small for spec_draft_n {spec_draft_n}: a verify "
                                  f"forward takes {spec_draft_n + 1} tokens")
         if model_path is not None and not isinstance(model_path, (str, os.PathLike)):

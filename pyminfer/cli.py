@@ -196,8 +196,12 @@ def _check_common(args: argparse.Namespace) -> None:
 
             log(f"pyminfer: warning: {', '.join(ignored)} ignored without {needs}")
     if getattr(args, "spec_draft", None) and args.ubatch_size is not None and args.ubatch_size < n + 1:
-        raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for --spec-draft-n {n}: "
-                         f"a verify forward takes {n + 1} tokens")
+        # a depth the user did not ask for (the default), or the adaptive controller's first one, is
+        # capped at what a verify forward of -ub tokens holds; an explicit fixed depth is an error
+        if "--spec-draft-n" in given and not getattr(args, "spec_draft_adaptive", False):
+            raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for --spec-draft-n {n}: "
+                             f"a verify forward takes {n + 1} tokens")
+        args.spec_draft_n = args.ubatch_size - 1
     ng = _ngram(args)  # sizes checked here, before the load
     if ng is not None and args.ubatch_size is not None and args.ubatch_size < ng.m + 1:
         raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for --spec-ngram-size-m {ng.m}: "

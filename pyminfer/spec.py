@@ -307,7 +307,7 @@ class SpecDecoder:
             draft_n = 0
         if not 0 <= draft_n <= MAX_DEPTH:
             raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {draft_n}")
-        if draft_n + 1 > target.max_nt:
+        if draft_n + 1 > target.max_nt and not adaptive:  # (adaptive: the first depth is capped below)
             raise ValueError(f"the target's batch size max_nt (-ub/--ubatch-size, n_ubatch) {target.max_nt} is too "
                              f"small for {draft_n} draft tokens a round: a verify forward takes {draft_n + 1} tokens")
         if draft is not None:

@@ -609,6 +609,17 @@ def test_ubatch_size(smol_path):
         err = _one_line_error(_cli(cmd, *m[:4], "-ub", "3", "--spec-draft", str(smol_path), "--spec-draft-n", "4"),
                               "-ub/--ubatch-size 3 is too small for --spec-draft-n 4")
         assert "loaded" not in err
+    # the default depth (not asked for) and the adaptive controller's first depth are capped at -ub - 1
+    # instead (both were refused, "--spec-draft-n 4" named though never given); the output is plain's
+    for extra in ([], ["--spec-draft-adaptive"], ["--spec-draft-adaptive", "--spec-draft-n", "4"]):
+        for ub in ("3", "1"):
+            r = _cli("run", *m, "-ub", ub, "--spec-draft", str(smol_path), *extra)
+            assert r.returncode == 0 and r.stdout == a.stdout, (extra, ub, r.stderr)
+    with LLM(smol_path, device="cpu", n_ctx=64, draft_model=smol_path, n_ubatch=2, spec_adaptive=True) as s, \
+            LLM(smol_path, device="cpu", n_ctx=64) as plain:
+        args = ("The capital of France is",)
+        assert s.generate(*args, max_tokens=6, temperature=0).generated_ids == \
+            plain.generate(*args, max_tokens=6, temperature=0).generated_ids
     for extra in (["--verify-curve"], ["--spec-draft", str(smol_path)]):
         err = _one_line_error(_cli("bench", *m[:4], "-ub", "8", "-r", "1", *extra), "-ub/--ubatch-size 8 is too small")
         assert "loaded" not in err
