@@ -14,6 +14,7 @@ generation in the thread that holds an unfinished stream raises RuntimeError.
 
 from __future__ import annotations
 
+import inspect
 import json
 import numbers
 import os
@@ -402,15 +403,21 @@ class LLM:
         return self.generate(ids, **kw)
 
     def chat(self, messages: list[dict[str, Any]], *, continue_final_message: bool = False,
-             **kw: Any) -> GenerationResult | Iterator[Chunk]:
+             add_generation_prompt: bool = True, **kw: Any) -> GenerationResult | Iterator[Chunk]:
         """Answer a conversation: ``messages`` ([{"role": "system"|"developer"|"user"|"assistant"|"tool",
         "content": str}], assistant turns optionally with OpenAI ``tool_calls``) rendered with the
-        model's chat template plus the assistant prefix, then ``generate(**kw)`` (same keywords and
-        return value). ``continue_final_message``: the last message is the assistant's unfinished
-        answer, which the result continues (its text is only the continuation; see
-        ``apply_chat_template``). Raises ValueError (see ``apply_chat_template``) without a usable
-        chat template or for malformed messages."""
-        text = self.apply_chat_template(messages, add_generation_prompt=True,
+        model's chat template plus the assistant prefix (``add_generation_prompt``, as the server's
+        field), then ``generate(**kw)`` (same keywords and return value). ``continue_final_message``:
+        the last message is the assistant's unfinished answer, which the result continues (its text
+        is only the continuation; see ``apply_chat_template``). Raises ValueError (see
+        ``apply_chat_template``) without a usable chat template or for malformed messages; TypeError
+        for a keyword neither this method nor ``generate`` takes (before the template is rendered)."""
+        bad = sorted(set(kw) - _GENERATE_KW)
+        if bad:
+            what = {"tools": "tool definitions", "tool_choice": "tool choice", "response_format": "response formats"}
+            note = f" ({what[bad[0]]} are not supported)" if bad[0] in what else ""
+            raise TypeError(f"LLM.chat() got an unexpected keyword argument {bad[0]!r}{note}")
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                         continue_final_message=continue_final_message)
         return self.generate(text, **kw)
 
@@ -547,6 +554,10 @@ class LLM:
             return "LLM(closed)"
         d = f", draft={self._draft.gguf.path.name!r}" if self._draft is not None else ""
         return f"LLM({self.name!r}, device={self.device!r}, n_ctx={self.n_ctx}{d})"
+
+
+# The keywords LLM.chat passes on to LLM.generate (checked before its template is rendered).
+_GENERATE_KW = frozenset(inspect.signature(LLM.generate).parameters) - {"self", "prompt"}
 
 
 def _real(name: str, v: Any) -> float:

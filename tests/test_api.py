@@ -364,6 +364,27 @@ def test_cut_mid_character_drops_incomplete_bytes(smol_path):
             assert "\ufffd" not in r.text, (n, r.text)
 
 
+def test_chat_keywords(llm, monkeypatch):
+    """LLM.chat refuses a keyword that neither it nor generate takes under its own name and before
+    rendering the template (it was generate()'s TypeError, after rendering); add_generation_prompt
+    (the server's field) reaches the template."""
+    msgs = [{"role": "user", "content": "What is the weather?"}]
+    rendered: list[dict] = []
+    real = llm.apply_chat_template
+    monkeypatch.setattr(llm, "apply_chat_template", lambda m, **k: rendered.append(k) or real(m, **k))
+    with pytest.raises(TypeError, match=r"^LLM\.chat\(\) got an unexpected keyword argument 'tools' \(tool "
+                                        r"definitions are not supported\)$"):
+        llm.chat(msgs, tools=[{"type": "function"}], max_tokens=4)
+    with pytest.raises(TypeError, match=r"^LLM\.chat\(\) got an unexpected keyword argument 'max_token'$"):
+        llm.chat(msgs, max_token=4)
+    assert rendered == []
+    for agp in (True, False):
+        r = llm.chat(msgs, add_generation_prompt=agp, max_tokens=2, temperature=0)
+        assert r.prompt_ids == llm.tokenize(real(msgs, add_generation_prompt=agp))
+    assert rendered[-1]["add_generation_prompt"] is False
+    assert real(msgs, add_generation_prompt=True) != real(msgs, add_generation_prompt=False)
+
+
 def test_text_parts_joined_by_newline(llm):
     """Several text parts of one message render as their texts joined by "\\n", as vLLM and
     llama.cpp's server join them (they were concatenated with nothing between)."""
