@@ -635,6 +635,10 @@ class ServerState:
         self.closing = threading.Event()
         self._cancels: set[threading.Event] = set()
         self._cancels_lock = threading.Lock()
+        # the generation running now, as /slots shows it: (task id, its params in the slot's shape);
+        # task ids count the generations started (under metrics.lock)
+        self.task: tuple[int, dict[str, Any]] | None = None
+        self.n_tasks = 0
 
     def track(self, cancel: threading.Event) -> None:
         """Register a generation's cancel event (set at once when the server is shutting down)."""
@@ -913,30 +917,12 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                            param="model", code="model_not_found")
         return JSONResponse(model_card(llm, model_id))
 
-    def slot() -> dict[str, Any]:
-        """The one slot this server has, in llama.cpp's shape (/props' default_generation_settings,
-        /slots' element): its context, speculation, whether a generation runs, the request defaults."""
-        llm = state.require()
-        dp = state.defaults
-        defaults = {k: getattr(dp, k) if dp is not None else _GenRequest.model_fields[k].default
-                    for k in _DEFAULTED if k not in ("seed", "samplers")}
-        with state.metrics.lock:
-            busy = state.metrics.processing > 0
-        return {"id": 0, "id_task": -1, "n_ctx": llm.n_ctx,
-                "speculative": llm.draft is not None or llm.spec_ngram is not None, "is_processing": busy,
-                # n_predict -1: until end of generation or a full context (/completion's default);
-                # seed -1: random
-                "params": {"n_predict": -1, "seed": -1 if dp is None or dp.seed is None else dp.seed, **defaults,
-                           "stop": [], "stream": False,
-                           "samplers": list(dp.chain if dp is not None else DEFAULT_SAMPLERS), "n_indent": 0,
-                           "t_max_predict_ms": -1}}
-
     @app.get("/props")
     async def props() -> JSONResponse:
         """llama.cpp's server properties, the fields its clients read."""
         llm = state.require()
         return JSONResponse({
-            "default_generation_settings": slot(),
+            "default_generation_settings": _slot(state, running=False),
             "total_slots": 1,
             "model_path": str(llm.model_path),
             "chat_template": llm.tokenizer.chat_template or "",
@@ -948,7 +934,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
     async def slots(fail_on_no_slot: str = "") -> JSONResponse:
         """llama.cpp's slot monitoring: a list of the slots (one here: requests run one at a time).
         ``?fail_on_no_slot=1``: a 503 while it is busy, as llama-server answers when no slot is idle."""
-        s = slot()
+        s = _slot(state)
         if fail_on_no_slot not in ("", "0", "false") and s["is_processing"]:
             raise APIError(503, "no slot available", type="unavailable_error", code="no_slot_available")
         return JSONResponse([s])
@@ -1332,6 +1318,51 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
     if cancel.is_set():  # a disconnect while queued, or the server shutting down (an error, not a cancel)
         state.metrics.add(0, 0, None, not state.closing.is_set())
         return None
+    with state.metrics.lock:  # what /slots shows while this runs
+        state.task = (state.n_tasks, _slot_params(params, n, emit is not None))
+        state.n_tasks += 1
+    try:
+        return _job_run(state, llm, ids, params, n, cancel, emit, cache)
+    finally:
+        with state.metrics.lock:
+            state.task = None
+
+
+def _slot(state: ServerState, running: bool = True) -> dict[str, Any]:
+    """The one slot this server has, in llama.cpp's shape (/slots' element; /props'
+    default_generation_settings with ``running`` False): its context, speculation, whether a
+    generation runs and, while one runs (``running``), its task id and settings, else id_task -1
+    and the request defaults."""
+    llm = state.require()
+    dp = state.defaults
+    with state.metrics.lock:
+        busy = state.metrics.processing > 0
+        task = state.task
+    spec = llm.draft is not None or llm.spec_ngram is not None
+    if running and task is not None:  # as llama-server's slot shows its running task
+        return {"id": 0, "id_task": task[0], "n_ctx": llm.n_ctx, "speculative": spec, "is_processing": True,
+                "params": task[1]}
+    defaults = {k: getattr(dp, k) if dp is not None else _GenRequest.model_fields[k].default
+                for k in _DEFAULTED if k not in ("seed", "samplers")}
+    return {"id": 0, "id_task": -1, "n_ctx": llm.n_ctx, "speculative": spec, "is_processing": busy or task is not None,
+            # n_predict -1: until end of generation or a full context (/completion's default); seed -1: random
+            "params": {"n_predict": -1, "seed": -1 if dp is None or dp.seed is None else dp.seed, **defaults,
+                       "stop": [], "stream": False,
+                       "samplers": list(dp.chain if dp is not None else DEFAULT_SAMPLERS), "n_indent": 0,
+                       "t_max_predict_ms": -1}}
+
+
+def _slot_params(params: SamplingParams, n: int | None, stream: bool) -> dict[str, Any]:
+    """A generation's settings in the shape of /slots' params (n_predict -1: no limit; seed -1: random)."""
+    return {"n_predict": -1 if n is None else n, "seed": -1 if params.seed is None else params.seed,
+            **{k: getattr(params, k) for k in _DEFAULTED if k not in ("seed", "samplers")},
+            "stop": list(params.stop), "stream": stream, "samplers": list(params.chain), "n_indent": params.n_indent,
+            "t_max_predict_ms": params.t_max_predict_ms if params.t_max_predict_ms > 0 else -1}
+
+
+def _job_run(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n: int | None,
+             cancel: threading.Event, emit: Callable[[Chunk], None] | None, cache: bool) -> GenerationResult | None:
+    """_job's generation itself."""
     res: GenerationResult | None = None
     n_gen = 0
     it = llm.generate(ids, max_tokens=n, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,

@@ -915,6 +915,24 @@ def test_slots(local):
     finally:
         with state.metrics.lock:
             state.metrics.processing -= 1
+    # while a generation runs: its task id and settings (they were -1 and the defaults), as
+    # llama-server's slot; /props keeps the defaults; after it, id_task -1 again
+    from pyminfer.server import _job, _slot
+    from pyminfer.sampling import SamplingParams
+
+    seen: list[dict] = []
+    params = SamplingParams(temperature=0.5, seed=7, stop=["zzz"], top_k=10)
+    ids = state.llm.tokenize("Once upon a time")
+    for n in (3, 4):
+        _job(state, state.llm, ids, params, n, threading.Event(), lambda ch: seen.append(_slot(state)), True)
+    assert len(seen) >= 5 and all(x["is_processing"] for x in seen)
+    first, last = seen[0], seen[-1]
+    assert last["id_task"] == first["id_task"] + 1 and first["id_task"] >= 0
+    assert first["params"] | {"n_predict": 4} == last["params"] and first["params"]["n_predict"] == 3
+    assert {k: first["params"][k] for k in ("seed", "temperature", "top_k", "stop", "stream")} == \
+        {"seed": 7, "temperature": 0.5, "top_k": 10, "stop": ["zzz"], "stream": True}
+    assert set(first["params"]) == set(sl[0]["params"])  # the same fields as the idle slot's
+    assert c.get("/slots").json() == sl and c.get("/props").json()["default_generation_settings"] == sl[0]
 
 
 def test_completion_prompt_shapes(local):
