@@ -191,6 +191,7 @@ def _not_none_or_auto(v: Any) -> bool:
 # accepted and ignored; other unknown fields are ignored with a warning in the server log.
 _UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     # OpenAI
+    "n": (_other_than(1), "one choice is generated per request"),
     "best_of": (_other_than(1), "one candidate is generated per request"),
     "frequency_penalty": (_other_than(0), "for penalties use repeat_penalty"),
     "presence_penalty": (_other_than(0), "for penalties use repeat_penalty"),
@@ -250,7 +251,7 @@ class _GenRequest(_Request):
     # llama.cpp's: reuse the K/V of the longest prefix this prompt shares with the last request's
     # prompt + output (LLM.generate's cache_prompt); false: prefill it all
     cache_prompt: Bool = True
-    n: Int = Field(default=1, ge=1, le=1)
+    n: Int = Field(default=1, ge=1)  # > 1: refused as unsupported (_UNSUPPORTED)
     # llama.cpp's sampler chain (pyminfer.sampling): a list of names or a string of one-letter
     # codes; [] is the empty chain (a draw from the whole distribution), as there; {} (an empty
     # Lua table as some editor plugins encode it) is the default chain, as there

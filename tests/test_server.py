@@ -412,13 +412,14 @@ def test_unsupported_openai_fields_are_refused_not_ignored():
     base = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
     with _serving(state, 60) as c:
         for extra in ({"frequency_penalty": 0.5},
-                      {"presence_penalty": -1}, {"best_of": 3}, {"logit_bias": {"10": 5}}):
+                      {"presence_penalty": -1}, {"best_of": 3}, {"logit_bias": {"10": 5}}, {"n": 2}):
             r = c.post("/v1/completions", json={**base, **extra})
             assert r.status_code == 400 and next(iter(extra)) in r.json()["error"]["message"], (extra, r.text)
+            assert r.json()["error"]["code"] == "unsupported_parameter"  # (n: 2 was an invalid_value)
         r = c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
                                                  "tools": [{"type": "function", "function": {"name": "f"}}]})
         assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
-        neutral = {"logprobs": None, "echo": False, "frequency_penalty": 0, "presence_penalty": 0.0, "best_of": 1,
+        neutral = {"logprobs": None, "echo": False, "frequency_penalty": 0, "presence_penalty": 0.0, "best_of": 1, "n": 1,
                    "logit_bias": {}, "response_format": {"type": "text"}}
         assert c.post("/v1/completions", json={**base, **neutral}).status_code == 200
         for path in ("/v1/embeddings", "/embeddings", "/embedding"):  # llama.cpp: 501 without --embeddings
