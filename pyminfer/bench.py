@@ -226,7 +226,8 @@ def main_bench(args: argparse.Namespace) -> int:
             if n_prompt > 0:
                 v = bench_pp(m, n_prompt, args.repetitions, depth)
                 rows.append({**info, "test": f"pp{n_prompt}{at}", "tok_s": _fmt(v), "mean": statistics.mean(v),
-                             "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v)})
+                             "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v),
+                             **_llama_bench_fields(n_prompt, 0, depth, v)})
         for n_gen in getattr(args, "n_gens", [args.n_gen]):
             if n_gen > 0:
                 v = bench_tg(m, n_gen, args.repetitions, depth)
@@ -234,9 +235,20 @@ def main_bench(args: argparse.Namespace) -> int:
                 share = statistics.mean(v) * m.gguf.decode_bytes_per_token() / bw
                 rows.append({**info, "test": f"tg{n_gen}{at}", "tok_s": _fmt(v), "mean": statistics.mean(v),
                              "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v),
-                             "roofline": f"{100 * share:.0f}% of {bw / 1e9:.0f} GB/s"})
+                             "roofline": f"{100 * share:.0f}% of {bw / 1e9:.0f} GB/s",
+                             **_llama_bench_fields(0, n_gen, depth, v)})
     _emit(rows, args.output)
     return 0
+
+
+# llama-bench's JSON / CSV names for a test's sizes and speed (numbers: tok_s is the display string),
+# added to pp / tg rows for scripts written against llama-bench's output; not in the markdown table
+_LLAMA_BENCH_KEYS = ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts")
+
+
+def _llama_bench_fields(n_prompt: int, n_gen: int, depth: int, v: list[float]) -> dict[str, Any]:
+    return {"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": depth, "avg_ts": statistics.mean(v),
+            "stddev_ts": statistics.stdev(v) if len(v) > 1 else 0.0}
 
 
 def _emit(rows: list[dict[str, Any]], fmt: str) -> None:
@@ -246,6 +258,8 @@ def _emit(rows: list[dict[str, Any]], fmt: str) -> None:
         print(json.dumps(rows, indent=1))
         return
     keys = list(dict.fromkeys(k for r in rows for k in r))
+    if fmt == "md":
+        keys = [k for k in keys if k not in _LLAMA_BENCH_KEYS]
 
     def cell(v: Any) -> str:
         if v is None:

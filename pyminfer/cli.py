@@ -28,13 +28,14 @@ def _model_help() -> str:
             "fetched into the cache)")
 
 
-def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 64 on the CPU") -> None:
+def _add_model_args(p: argparse.ArgumentParser, ub_default: str = "512 on CUDA, 64 on the CPU",
+                    ctx_default: str = "min(4096, trained)") -> None:
     p.add_argument("-m", "--model", default=None, help=_model_help())
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
                    help="where the model runs (default auto: CUDA when a GPU is visible, else the CPU)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=None,
-                   help=f"context size n_ctx, 0..{INT_MAX} (default min(4096, trained); 0: the trained context)")
+                   help=f"context size n_ctx, 0..{INT_MAX} (default {ctx_default}; 0: the trained context)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
                    help=f"most tokens per forward, at most max(n_ctx, 16); prompts are evaluated in chunks of N "
                         f"(default {ub_default})")
@@ -98,7 +99,8 @@ def _add_sampling_args(p: argparse.ArgumentParser, stop: bool = True) -> None:
                    help="tokens the penalty looks back over; 0: off, -1: the whole context (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (-1 or absent: random)")
     if stop:
-        p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+        p.add_argument("--stop", action="append", default=[],
+                       help="stop string (repeatable; literal text, no escapes: a shell's $'\\n' for a newline)")
     p.add_argument("--samplers", default=None, metavar="SAMPLERS",
                    help="the sampler chain in order, separated by ';', as llama.cpp: penalties, top_k, top_p, "
                         "min_p, temperature, infill (dry, typ_p, xtc, top_n_sigma do nothing; llama.cpp's other "
@@ -481,7 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tokenize)
 
     b = sub.add_parser("bench", help="prefill / decode throughput (llama-bench style)")
-    _add_model_args(b, ub_default="the prompt, 64..512")
+    _add_model_args(b, ub_default="the prompt, 64..512",
+                    ctx_default="what the tests need, at least 512: -d + max(-p, -n) + 16 spare positions")
     # -p, -n and -d take comma lists as llama-bench's: a pp / tg test for each value, at each depth
     b.add_argument("-p", "--n-prompt", type=_int_list, default=[512], action=_Given, metavar="N[,N...]",
                    help="prompt tokens of the pp test (default: 512; not used by --verify-curve, "

@@ -34,11 +34,19 @@ def test_pp_tg_json(smol_path):
 
 
 def test_csv_and_markdown(smol_path):
+    """csv / json rows carry llama-bench's numeric fields (n_prompt, n_gen, n_depth, avg_ts,
+    stddev_ts) beside the display string tok_s; the markdown table leaves them out."""
     out = bench("-m", str(smol_path), "-p", "0", "-n", "2", "-r", "1", "-o", "csv").stdout
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 1 and rows[0]["test"] == "tg2" and float(rows[0]["mean"]) > 0
+    assert (rows[0]["n_prompt"], rows[0]["n_gen"], rows[0]["n_depth"]) == ("0", "2", "0")
+    assert float(rows[0]["avg_ts"]) == pytest.approx(float(rows[0]["mean"]), rel=1e-3)
+    js = json.loads(bench("-m", str(smol_path), "-p", "8", "-n", "0", "-r", "2", "-d", "4", "-o", "json").stdout)
+    assert len(js) == 1 and (js[0]["n_prompt"], js[0]["n_gen"], js[0]["n_depth"]) == (8, 0, 4)
+    assert js[0]["avg_ts"] == js[0]["mean"] > 0 and js[0]["stddev_ts"] == js[0]["stddev"] >= 0
     md = bench("-m", str(smol_path), "-p", "8", "-n", "0", "-r", "1").stdout.splitlines()
     assert md[0].startswith("| model |") and md[1].startswith("|---|") and "pp8" in md[2]
+    assert "avg_ts" not in md[0] and "n_prompt" not in md[0]
 
 
 @pytest.mark.parametrize("flag", ["-d", "--n-depth", "--depth"])
