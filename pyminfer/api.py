@@ -46,6 +46,12 @@ class MessageError(ValueError):
         self.param = param
 
 
+def _draft_depth(spec_draft_n: int | None, max_nt: int) -> int:
+    """spec_draft_n, or for None the default 4 capped at what a verify forward of the target's
+    max_nt (n_ubatch) rows holds, as the CLI's --spec-draft-n when not given."""
+    return spec_draft_n if spec_draft_n is not None else max(0, min(4, max_nt - 1))
+
+
 def _check_spec(spec_draft_n: Any, spec_adaptive: Any, has_draft: bool) -> None:
     """The speculative settings, as the CLI checks them: spec_draft_n an int in 0..MAX_DEPTH (8)
     with or without a draft model (a value no run could use is an error, not ignored), and
@@ -53,9 +59,11 @@ def _check_spec(spec_draft_n: Any, spec_adaptive: Any, has_draft: bool) -> None:
     ValueError."""
     from .spec import MAX_DEPTH
 
-    if isinstance(spec_draft_n, bool) or not isinstance(spec_draft_n, int):
-        raise TypeError(f"spec_draft_n must be an int, got {type(spec_draft_n).__name__}")
-    if not 0 <= spec_draft_n <= MAX_DEPTH:
+    if spec_draft_n is None:  # the default depth (_draft_depth)
+        pass
+    elif isinstance(spec_draft_n, bool) or not isinstance(spec_draft_n, int):
+        raise TypeError(f"spec_draft_n must be an int or None, got {type(spec_draft_n).__name__}")
+    elif not 0 <= spec_draft_n <= MAX_DEPTH:
         raise ValueError(f"spec_draft_n must be in 0..{MAX_DEPTH}, got {spec_draft_n}")
     if spec_adaptive and not has_draft:
         raise ValueError("spec_adaptive needs a draft model (draft_model=...)")
@@ -75,7 +83,7 @@ class LLM:
         n_threads: CPU threads (0: all cores).
         spec_draft_n: draft tokens per speculative round (0..8; checked with or without a draft;
             with a draft at most n_ubatch - 1), or with spec_adaptive the first depth tried (capped
-            at n_ubatch - 1).
+            at n_ubatch - 1); None (default): 4, capped at n_ubatch - 1.
         spec_adaptive: choose the draft depth each round (needs draft_model).
         spec_ngram: n-gram drafts (pyminfer.ngram.NgramSpec(n, m); llama.cpp's
             ``--spec-type ngram-simple``), alone or before the draft model; None: off.
@@ -91,7 +99,7 @@ class LLM:
     """
 
     def __init__(self, model_path: str | Path | None = None, *, draft_model: str | Path | None = None,
-                 device: str = "auto", n_ctx: int | None = None, n_threads: int = 0, spec_draft_n: int = 4,
+                 device: str = "auto", n_ctx: int | None = None, n_threads: int = 0, spec_draft_n: int | None = None,
                  spec_adaptive: bool = False, n_ubatch: int | None = None, spec_ngram: NgramSpec | None = None):
         from .engine import Model
         from .models import resolve_model
@@ -111,7 +119,8 @@ class LLM:
                              f"forward takes {spec_ngram.m + 1} tokens")
         _check_spec(spec_draft_n, spec_adaptive, draft_model is not None)
         if draft_model is not None:
-            if n_ubatch is not None and n_ubatch < spec_draft_n + 1 and not spec_adaptive:  # (adaptive: capped)
+            if spec_draft_n is not None and n_ubatch is not None and n_ubatch < spec_draft_n + 1 \
+                    and not spec_adaptive:  # (adaptive, or the default depth: capped)
                 raise ValueError(f"n_ubatch {n_ubatch} is too small for spec_draft_n {spec_draft_n}: a verify "
                                  f"forward takes {spec_draft_n + 1} tokens")
         if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
@@ -130,7 +139,7 @@ class LLM:
         except BaseException:
             self.close()
             raise
-        self.spec_draft_n = spec_draft_n
+        self.spec_draft_n = _draft_depth(spec_draft_n, self._model.max_nt)
         self.spec_adaptive = spec_adaptive
         self.spec_ngram = spec_ngram
         self._lock = threading.Lock()
@@ -140,10 +149,11 @@ class LLM:
         self._marks: tuple[int, int] = (-1, -1)  # the models' write counters when that was last true
 
     @classmethod
-    def from_models(cls, model: Any, draft: Any = None, *, spec_draft_n: int = 4,
+    def from_models(cls, model: Any, draft: Any = None, *, spec_draft_n: int | None = None,
                     spec_adaptive: bool = False, spec_ngram: NgramSpec | None = None) -> "LLM":
         """Wrap already loaded pyminfer.engine.Model objects (e.g. from the CLI's loader); the LLM
-        takes ownership (close() frees them). Raises VocabMismatch for an incompatible draft."""
+        takes ownership (close() frees them). ``spec_draft_n`` etc. as the constructor's (None: 4,
+        capped at the target's max_nt - 1). Raises VocabMismatch for an incompatible draft."""
         _check_spec(spec_draft_n, spec_adaptive, draft is not None)
         self = cls.__new__(cls)
         self.model_path = Path(model.gguf.path)
@@ -152,7 +162,7 @@ class LLM:
             from .spec import check_draft
 
             check_draft(model, draft)
-        self.spec_draft_n = spec_draft_n
+        self.spec_draft_n = _draft_depth(spec_draft_n, model.max_nt)
         self.spec_adaptive = spec_adaptive
         self.spec_ngram = spec_ngram
         self._lock = threading.Lock()
@@ -403,21 +413,26 @@ class LLM:
         return self.generate(ids, **kw)
 
     def chat(self, messages: list[dict[str, Any]], *, continue_final_message: bool = False,
-             add_generation_prompt: bool = True, **kw: Any) -> GenerationResult | Iterator[Chunk]:
+             add_generation_prompt: bool | None = None, **kw: Any) -> GenerationResult | Iterator[Chunk]:
         """Answer a conversation: ``messages`` ([{"role": "system"|"developer"|"user"|"assistant"|"tool",
         "content": str}], assistant turns optionally with OpenAI ``tool_calls``) rendered with the
         model's chat template plus the assistant prefix (``add_generation_prompt``, as the server's
-        field), then ``generate(**kw)`` (same keywords and return value). ``continue_final_message``:
-        the last message is the assistant's unfinished answer, which the result continues (its text
-        is only the continuation; see ``apply_chat_template``). Raises ValueError (see
-        ``apply_chat_template``) without a usable chat template or for malformed messages; TypeError
-        for a keyword neither this method nor ``generate`` takes (before the template is rendered)."""
+        field: None or True adds it, False leaves it out), then ``generate(**kw)`` (same keywords and
+        return value). ``continue_final_message``: the last message is the assistant's unfinished
+        answer, which the result continues (its text is only the continuation; see
+        ``apply_chat_template``). Raises ValueError (see ``apply_chat_template``) without a usable
+        chat template or for malformed messages, and, as the server's 400, for
+        continue_final_message and add_generation_prompt both True; TypeError for a keyword neither
+        this method nor ``generate`` takes (before the template is rendered)."""
         bad = sorted(set(kw) - _GENERATE_KW)
         if bad:
             what = {"tools": "tool definitions", "tool_choice": "tool choice", "response_format": "response formats"}
             note = f" ({what[bad[0]]} are not supported)" if bad[0] in what else ""
             raise TypeError(f"LLM.chat() got an unexpected keyword argument {bad[0]!r}{note}")
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+        if continue_final_message is True and add_generation_prompt is True:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true (the last "
+                             "message is either continued or answered)")
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt is not False,
                                         continue_final_message=continue_final_message)
         return self.generate(text, **kw)
 

@@ -66,7 +66,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft", default=None, metavar="MODEL", help="draft model for speculative decoding")
     p.add_argument("--spec-draft-n", type=int, default=4, metavar="D", action=_Given,
                    help="draft tokens per round (0..8); with --spec-draft-adaptive the first depth tried "
-                        "(default: %(default)s)")
+                        "(default: %(default)s, lowered to -ub - 1 for a smaller -ub)")
     p.add_argument("--spec-draft-adaptive", action="store_true", help="choose the draft depth each round")
     p.add_argument("--spec-type", default="none", choices=["none", "ngram-simple"],
                    help="draft without a model too (as llama.cpp): ngram-simple = the tokens that followed the "
@@ -204,6 +204,12 @@ def _check_common(args: argparse.Namespace) -> None:
             raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for --spec-draft-n {n}: "
                              f"a verify forward takes {n + 1} tokens")
         args.spec_draft_n = args.ubatch_size - 1
+        from .engine import log
+
+        what = "the first draft depth" if getattr(args, "spec_draft_adaptive", False) else "the draft depth"
+        log(f"pyminfer: warning: {what} lowered from {n} to {args.spec_draft_n} for -ub {args.ubatch_size} "
+            f"(a verify forward takes depth + 1 tokens)" + ("; the draft model never drafts" if args.ubatch_size == 1
+                                                             else ""))
     ng = _ngram(args)  # sizes checked here, before the load
     if ng is not None and args.ubatch_size is not None and args.ubatch_size < ng.m + 1:
         raise ValueError(f"-ub/--ubatch-size {args.ubatch_size} is too small for --spec-ngram-size-m {ng.m}: "
@@ -484,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="prefill / decode throughput (llama-bench style)")
     _add_model_args(b, ub_default="the prompt, 64..512",
-                    ctx_default="what the tests need, at least 512: -d + max(-p, -n) + 16 spare positions")
+                    ctx_default="what the tests run need + 16 spare positions, at least 512; pp / tg: "
+                                "-d + max(-p, -n)")
     # -p, -n and -d take comma lists as llama-bench's: a pp / tg test for each value, at each depth
     b.add_argument("-p", "--n-prompt", type=_int_list, default=[512], action=_Given, metavar="N[,N...]",
                    help="prompt tokens of the pp test (default: 512; not used by --verify-curve, "

@@ -1332,8 +1332,9 @@ def _job(state: ServerState, llm: LLM, ids: list[int], params: SamplingParams, n
 def _slot(state: ServerState, running: bool = True) -> dict[str, Any]:
     """The one slot this server has, in llama.cpp's shape (/slots' element; /props'
     default_generation_settings with ``running`` False): its context, speculation, whether a
-    generation runs and, while one runs (``running``), its task id and settings, else id_task -1
-    and the request defaults."""
+    request runs and, while a generation runs (``running``), its task id and settings, else
+    id_task -1 and the request defaults (also while a prompt is scored, echo with logprobs: not a
+    generation, it has no sampling settings to show)."""
     llm = state.require()
     dp = state.defaults
     with state.metrics.lock:

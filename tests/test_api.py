@@ -383,6 +383,11 @@ def test_chat_keywords(llm, monkeypatch):
         assert r.prompt_ids == llm.tokenize(real(msgs, add_generation_prompt=agp))
     assert rendered[-1]["add_generation_prompt"] is False
     assert real(msgs, add_generation_prompt=True) != real(msgs, add_generation_prompt=False)
+    prefill = msgs + [{"role": "assistant", "content": "It is"}]
+    with pytest.raises(ValueError, match="cannot both be true"):  # as the server's 400
+        llm.chat(prefill, continue_final_message=True, add_generation_prompt=True)
+    r = llm.chat(prefill, continue_final_message=True, max_tokens=2, temperature=0)  # (None: fine)
+    assert r.prompt_ids == llm.tokenize(real(prefill, continue_final_message=True))
 
 
 def test_text_parts_joined_by_newline(llm):

@@ -600,7 +600,9 @@ def test_ubatch_size(smol_path):
         with pytest.raises(TypeError, match=f"^{name} must be an int"):
             LLM(smol_path, device="cpu", **kw)
     with pytest.raises(ValueError, match="n_ubatch 3 is too small for spec_draft_n 4"):
-        LLM(smol_path, device="cpu", draft_model=smol_path, n_ubatch=3)
+        LLM(smol_path, device="cpu", draft_model=smol_path, n_ubatch=3, spec_draft_n=4)
+    with LLM(smol_path, device="cpu", n_ctx=64, draft_model=smol_path, n_ubatch=3) as s:  # the default: capped
+        assert s.spec_draft_n == 2
     m = ["-m", str(smol_path), "--device", "cpu", "-p", "The capital of France is", "-n", "6", "--temp", "0"]
     a, b = _cli("run", *m), _cli("run", *m, "-ub", "3")
     assert a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and a.stdout.strip()
@@ -615,6 +617,7 @@ def test_ubatch_size(smol_path):
         for ub in ("3", "1"):
             r = _cli("run", *m, "-ub", ub, "--spec-draft", str(smol_path), *extra)
             assert r.returncode == 0 and r.stdout == a.stdout, (extra, ub, r.stderr)
+            assert f"draft depth lowered from 4 to {int(ub) - 1} for -ub {ub}".encode() in r.stderr  # said, not silent
     with LLM(smol_path, device="cpu", n_ctx=64, draft_model=smol_path, n_ubatch=2, spec_adaptive=True) as s, \
             LLM(smol_path, device="cpu", n_ctx=64) as plain:
         args = ("The capital of France is",)

@@ -934,6 +934,11 @@ def test_slots(local):
         {"seed": 7, "temperature": 0.5, "top_k": 10, "stop": ["zzz"], "stream": True}
     assert set(first["params"]) == set(sl[0]["params"])  # the same fields as the idle slot's
     assert c.get("/slots").json() == sl and c.get("/props").json()["default_generation_settings"] == sl[0]
+    from pyminfer.engine import ContextFull
+
+    with pytest.raises(ContextFull):  # a generation that fails leaves the slot idle too
+        _job(state, state.llm, [ids[0]] * state.llm.n_ctx, params, 3, threading.Event(), None, True)
+    assert state.task is None and c.get("/slots").json() == sl
 
 
 def test_completion_prompt_shapes(local):
