@@ -1518,12 +1518,15 @@ def test_every_sampling_setting_reaches_the_generation(monkeypatch):
             yield from ()
 
     class FakeMetrics:
+        lock = threading.Lock()
+
         def add(self, *a):
             pass
 
     class FakeState:
         metrics = FakeMetrics()
         closing = threading.Event()
+        task, n_tasks = None, 0  # what /slots shows (_job sets them)
 
     srv._job(FakeState(), FakeLLM(), [1], SamplingParams(), 4, threading.Event(), None)
     missing = {f.name for f in dataclasses.fields(SamplingParams)} - set(seen)
