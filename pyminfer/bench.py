@@ -225,18 +225,14 @@ def main_bench(args: argparse.Namespace) -> int:
         for n_prompt in getattr(args, "n_prompts", [args.n_prompt]):
             if n_prompt > 0:
                 v = bench_pp(m, n_prompt, args.repetitions, depth)
-                rows.append({**info, "test": f"pp{n_prompt}{at}", "tok_s": _fmt(v), "mean": statistics.mean(v),
-                             "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v),
-                             **_llama_bench_fields(n_prompt, 0, depth, v)})
+                rows.append({**info, "test": f"pp{n_prompt}{at}", **_speed_fields(v, n_prompt, 0, depth)})
         for n_gen in getattr(args, "n_gens", [args.n_gen]):
             if n_gen > 0:
                 v = bench_tg(m, n_gen, args.repetitions, depth)
                 bw = bw or copy_bandwidth(m)
                 share = statistics.mean(v) * m.gguf.decode_bytes_per_token() / bw
-                rows.append({**info, "test": f"tg{n_gen}{at}", "tok_s": _fmt(v), "mean": statistics.mean(v),
-                             "stddev": statistics.stdev(v) if len(v) > 1 else 0.0, "reps": len(v),
-                             "roofline": f"{100 * share:.0f}% of {bw / 1e9:.0f} GB/s",
-                             **_llama_bench_fields(0, n_gen, depth, v)})
+                rows.append({**info, "test": f"tg{n_gen}{at}", **_speed_fields(v, 0, n_gen, depth),
+                             "roofline": f"{100 * share:.0f}% of {bw / 1e9:.0f} GB/s"})
     _emit(rows, args.output)
     return 0
 
@@ -246,9 +242,12 @@ def main_bench(args: argparse.Namespace) -> int:
 _LLAMA_BENCH_KEYS = ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts")
 
 
-def _llama_bench_fields(n_prompt: int, n_gen: int, depth: int, v: list[float]) -> dict[str, Any]:
-    return {"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": depth, "avg_ts": statistics.mean(v),
-            "stddev_ts": statistics.stdev(v) if len(v) > 1 else 0.0}
+def _speed_fields(v: list[float], n_prompt: int, n_gen: int, depth: int) -> dict[str, Any]:
+    """A pp / tg row's speed from its repetitions ``v`` (tokens/s): the display string, mean,
+    stddev (0 for one repetition) and count, then the same under llama-bench's names with the test's sizes."""
+    mean, sd = statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0
+    return {"tok_s": _fmt(v), "mean": mean, "stddev": sd, "reps": len(v),
+            "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": depth, "avg_ts": mean, "stddev_ts": sd}
 
 
 def _emit(rows: list[dict[str, Any]], fmt: str) -> None:

@@ -195,10 +195,8 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     warm_stats: dict[str, Any] = {}
     if max_tokens == 0 and warm:
         model.prefill(list(prompt_ids[n_past:]), n_past, logits=False)
-        if draft is not None and len(prompt_ids) < draft.n_ctx:  # the draft's cache too, as a round's prefill
-            dn = max(0, min(draft_n_past, len(prompt_ids) - 1))
-            draft.prefill(list(prompt_ids[dn:]), dn, logits=False)
-            dec.draft_n_past = len(prompt_ids)
+        if speculative:  # the draft's cache too, as its generation would
+            dec.draft_prefill(prompt_ids, draft_n_past)
         warm_stats = {"prefill_s": time.perf_counter() - t_start, "prefill_tokens": len(prompt_ids) - n_past}
     if max_tokens == 0:
         src: Any = iter(())

@@ -44,7 +44,7 @@ from .api import LLM, ChatTemplateError
 from .cli import package_version
 from .generate import Chunk, GenerationResult, ScoringCancelled
 from .infill import InfillChunk, InfillUnsupportedError, infill_ids
-from .sampling import DEFAULT_SAMPLERS, MAX_LOGPROBS, SamplingParams, TokenLogprob
+from .sampling import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from .spec import MAX_DEPTH
 from .tokenizer import lone_surrogate
 
@@ -1344,14 +1344,13 @@ def _slot(state: ServerState, running: bool = True) -> dict[str, Any]:
     if running and task is not None:  # as llama-server's slot shows its running task
         return {"id": 0, "id_task": task[0], "n_ctx": llm.n_ctx, "speculative": spec, "is_processing": True,
                 "params": task[1]}
-    defaults = {k: getattr(dp, k) if dp is not None else _GenRequest.model_fields[k].default
-                for k in _DEFAULTED if k not in ("seed", "samplers")}
+    if dp is None:  # the request fields' own defaults
+        dp = SamplingParams(**{k: _GenRequest.model_fields[k].default for k in _DEFAULTED})
+    # a request with no fields: n_predict -1 (until end of generation or a full context, /completion's
+    # default), no stop strings, n_indent and t_max_predict_ms off, not streamed
+    params = {**_slot_params(dp, None, False), "stop": [], "n_indent": 0, "t_max_predict_ms": -1}
     return {"id": 0, "id_task": -1, "n_ctx": llm.n_ctx, "speculative": spec, "is_processing": busy or task is not None,
-            # n_predict -1: until end of generation or a full context (/completion's default); seed -1: random
-            "params": {"n_predict": -1, "seed": -1 if dp is None or dp.seed is None else dp.seed, **defaults,
-                       "stop": [], "stream": False,
-                       "samplers": list(dp.chain if dp is not None else DEFAULT_SAMPLERS), "n_indent": 0,
-                       "t_max_predict_ms": -1}}
+            "params": params}
 
 
 def _slot_params(params: SamplingParams, n: int | None, stream: bool) -> dict[str, Any]:

@@ -343,6 +343,17 @@ class SpecDecoder:
         except NaNLogitsError as e:  # the rows sampled are the target's: name its file
             raise self.target.nan_error() from e
 
+    def draft_prefill(self, prompt_ids: Sequence[int], draft_n_past: int = 0) -> int:
+        """Evaluate the prompt into the draft model's cache from ``draft_n_past`` on (its last token
+        always), where the prompt fits the draft's n_ctx; returns and records (``draft_n_past``) the
+        prompt positions whose draft K/V are now valid. No draft model: nothing (0)."""
+        d_valid = min(draft_n_past, len(prompt_ids) - 1)
+        if self.draft is not None and len(prompt_ids) < self.draft.n_ctx:
+            self.draft.prefill(list(prompt_ids[d_valid:]), d_valid, logits=False)
+            d_valid = len(prompt_ids)
+        self.draft_n_past = d_valid
+        return d_valid
+
     def tokens(self, prompt_ids: Sequence[int], n_past: int = 0, draft_n_past: int = 0) -> Iterator[int]:
         """Yield generated ids forever (the caller stops); raises ContextFull when the target's
         context is full. ``n_past`` / ``draft_n_past``: leading prompt positions whose K/V the
@@ -355,13 +366,9 @@ class SpecDecoder:
         t0 = time.perf_counter()
         out = T.prefill(list(prompt_ids[n_past:]), n_past, logits=need)
         hist = list(prompt_ids)
-        d_valid = min(draft_n_past, len(prompt_ids) - 1)  # draft K/V valid for hist[:d_valid]
         # The draft reads the prompt now, not in the first round: a round's draft time must be the
         # per-step cost the adaptive depth model assumes.
-        if D is not None and len(hist) < D.n_ctx:
-            D.prefill(hist[d_valid:], d_valid, logits=False)
-            d_valid = len(hist)
-        self.draft_n_past = d_valid
+        d_valid = self.draft_prefill(prompt_ids, draft_n_past)  # draft K/V valid for hist[:d_valid]
         t1 = time.perf_counter()
         self.stats.update(prefill_s=t1 - t0, prefill_tokens=len(prompt_ids) - n_past)
         tok = self._choose(out if need else out[0], hist)

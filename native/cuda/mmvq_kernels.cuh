@@ -170,11 +170,10 @@ __device__ __forceinline__ int mi_chunk_isum(const mi_chunk &ch, int qsh, int2 a
 // mi_chunk_isum to shift the dot back). Same integers, so the same bits.
 template <int T> __device__ __forceinline__ void mi_load_dp(const uint8_t *b, int k, mi_chunk &c, int &qsh) {
     if constexpr (T == MI_TYPE_Q4_K && !(MI_MMVQ_DP_OLD & 2)) {
-        const uint4 *p = (const uint4 *)(b + 16 + 32 * (k >> 1)); // as mi_qt<MI_TYPE_Q4_K>::load
-        const uint4 v0 = p[0], v1 = p[1];
+        uint32_t v[8];
+        mi_qt<MI_TYPE_Q4_K>::words(b, k, v);
         qsh = 4 * (k & 1);
         const uint32_t m = 0x0F0F0F0Fu << qsh;
-        const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int j = 0; j < 8; j++) c.q[j] = (int)(v[j] & m);
         mi_kquant_head(b, k, c);

@@ -134,12 +134,17 @@ template <> struct mi_qt<MI_TYPE_Q8_0> {
 };
 template <> struct mi_qt<MI_TYPE_Q4_K> {
     static constexpr int CPB = 8, BB = 144, HAS_MIN = 1;
-    static __device__ __forceinline__ void load(const uint8_t *b, int k, mi_chunk &c) {
-        // chunks 2i and 2i+1 share qs[32i..32i+31]: low nibbles, then high nibbles (16-byte loads).
+    // The 8 quant words of chunk k of the block at b: chunks 2i and 2i+1 share qs[32i..32i+31], low
+    // nibbles, then high nibbles (two 16-byte loads).
+    static __device__ __forceinline__ void words(const uint8_t *b, int k, uint32_t (&v)[8]) {
         const uint4 *p = (const uint4 *)(b + 16 + 32 * (k >> 1));
         const uint4 v0 = p[0], v1 = p[1];
+        v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+    }
+    static __device__ __forceinline__ void load(const uint8_t *b, int k, mi_chunk &c) {
+        uint32_t v[8];
+        words(b, k, v);
         const int sh = 4 * (k & 1);
-        const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int j = 0; j < 8; j++) c.q[j] = (int)((v[j] >> sh) & 0x0F0F0F0Fu);
         mi_kquant_head(b, k, c);
