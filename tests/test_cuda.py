@@ -23,6 +23,14 @@ import bench_gpu as bg  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not core.cuda_available(), reason="no CUDA device")
 
+
+@pytest.fixture(autouse=True)
+def _pairs_on_small_matrices(monkeypatch):
+    """The test matrices and models are small: MI_CUDA_MMVQ_PAIR_ROWS=0 lets their launches of nt >= 2
+    take the pair kernels as the real shapes' large matrices do (by default only block-kernel
+    matrices of >= 1024 rows pair: test_mmvq_pair_rows_bound)."""
+    monkeypatch.setenv("MI_CUDA_MMVQ_PAIR_ROWS", "0")
+
 ALL_TYPES = [bg.F32, bg.F16, bg.Q4_0, bg.Q4_1, bg.Q5_0, bg.Q5_1, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K]
 
 
@@ -107,6 +115,31 @@ def test_mmvq_pair_kernel_bitwise(typ, n_rows, n_cols, mmvq, monkeypatch):
         assert np.array_equal(matmul(1, typ, w, n_rows, n_cols, x[:nt]), ones[:nt]), (bg.NAMES[typ], nt)
     assert core.mmvq_pair_launches() == n0 + 7
     assert nmse(ones, matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
+
+
+@pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q5_0], ids=lambda t: bg.NAMES[t])
+def test_mmvq_pair_rows_bound(typ, monkeypatch):
+    """MI_CUDA_MMVQ_PAIR_ROWS unset: only block-kernel matrices of >= 1024 rows take the pair kernel
+    (the 0.5B shape's 896-row o / ffn_down were faster without, docs/perf.md session 34); a set
+    bound moves it; the warp kernel's matrices pair whatever their rows; the same bits throughout,
+    the launch counter proving which kernel ran."""
+    monkeypatch.delenv("MI_CUDA_MMVQ_PAIR_ROWS")
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "0")
+    rng = np.random.default_rng(typ)
+    x = rng.standard_normal((4, 512)).astype(np.float32)
+    for n_rows, mmvq, bound, pairs in ((1023, "3", None, 0), (1024, "3", None, 1), (1023, "3", "1023", 1),
+                                       (1024, "3", "1025", 0), (1023, "1", None, 1)):
+        monkeypatch.setenv("MI_CUDA_MMVQ", mmvq)  # 3: the default (block kernel for these rows), 1: warp kernel
+        if bound is None:
+            monkeypatch.delenv("MI_CUDA_MMVQ_PAIR_ROWS", raising=False)
+        else:
+            monkeypatch.setenv("MI_CUDA_MMVQ_PAIR_ROWS", bound)
+        w = bg.random_weights(rng, typ, n_rows, 512)
+        ones = np.concatenate([matmul(1, typ, w, n_rows, 512, x[i:i + 1]) for i in range(4)])
+        n0 = core.mmvq_pair_launches()
+        y = matmul(1, typ, w, n_rows, 512, x)
+        assert core.mmvq_pair_launches() - n0 == pairs, (n_rows, mmvq, bound)
+        assert np.array_equal(y, ones), (n_rows, mmvq, bound)
 
 
 @pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q6_K], ids=lambda t: bg.NAMES[t])
@@ -1035,6 +1068,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
 @pytest.mark.parametrize("var,val", [("MI_CUDA_SKIP", "attn,bogus"), ("MI_CUDA_ATTN_SPLITS", "129"),
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_MMVQ_PAIR", "2"), ("MI_CUDA_MMVQ_PAIR", "on"), ("MI_CUDA_NORM_PRE", "8"),
+                                     ("MI_CUDA_MMVQ_PAIR_ROWS", "-1"), ("MI_CUDA_MMVQ_PAIR_ROWS", "1k"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "0"), ("MI_CUDA_MMVQ_WARP_ROWS", "4k"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "+12"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
@@ -1070,6 +1104,7 @@ def test_bad_graphs_switch_is_refused(val, monkeypatch):
 
 @pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
                                  "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT", "MI_CUDA_MMVQ_PAIR",
+                                 "MI_CUDA_MMVQ_PAIR_ROWS",
                                  "MI_CUDA_FUSE", "MI_CUDA_MMQ", "MI_CUDA_ROPE_FUSE",
                                  "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE", "MI_CUDA_MMQ_SPLITS"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):

@@ -59,17 +59,19 @@ static int mi_mmvq_mode() {
 // butterfly and warp order), so for them the bound is a speed choice only; not measured yet for
 // the 1.5B / 7B shapes' ffn_down (1,536 / 3,584 rows), which it would move.
 #define MI_MMVQ_WARP_ROWS 4096
-int64_t mi_cuda_mmvq_warp_rows(void) { // -1 when malformed; empty = unset
-    const char *ev = getenv("MI_CUDA_MMVQ_WARP_ROWS");
-    if (!ev || !ev[0]) return MI_MMVQ_WARP_ROWS;
+// A row-count environment variable: dflt when unset or empty, -1 when malformed or below lo.
+static int64_t mi_env_rows(const char *name, int64_t dflt, long lo) {
+    const char *ev = getenv(name);
+    if (!ev || !ev[0]) return dflt;
     char *end = nullptr;
     const long v = strtol(ev, &end, 10);
-    return ev[0] < '0' || ev[0] > '9' || *end || v < 1 || v > INT_MAX ? -1 : v;
+    return ev[0] < '0' || ev[0] > '9' || *end || v < lo || v > INT_MAX ? -1 : v;
 }
+int64_t mi_cuda_mmvq_warp_rows(void) { return mi_env_rows("MI_CUDA_MMVQ_WARP_ROWS", MI_MMVQ_WARP_ROWS, 1); }
 // MI_CUDA_MMVQ_PAIR (read at every call, like MI_CUDA_MMVQ): 1 / unset = plain launches of nt >= 2
-// on the block or the warp kernel take its pair variant (two rows a thread, activations loaded
-// once for both: the same bits; mmvq_kernels.cuh); 0 = the kernels without pairs (A/B timing,
-// tests); -1 when malformed.
+// on the block kernel (matrices of >= MI_CUDA_MMVQ_PAIR_ROWS rows) or the warp kernel take its pair
+// variant (two rows a thread, activations loaded once for both: the same bits; mmvq_kernels.cuh);
+// 0 = the kernels without pairs (A/B timing, tests); -1 when malformed.
 // (Measured and dropped, session 31: pairs only for rows of > 64 or > 128 chunks: 1.5B shape nt =
 // 4 1.287 / 1.288 ms against 1.268 for all.)
 static int mi_mmvq_pair_mode() {
@@ -77,6 +79,15 @@ static int mi_mmvq_pair_mode() {
     if (!ev || !ev[0]) return 1;
     return (ev[0] == '0' || ev[0] == '1') && ev[1] == 0 ? ev[0] - '0' : -1;
 }
+// MI_CUDA_MMVQ_PAIR_ROWS (read at every call): the fewest rows a block-kernel matrix needs for the
+// pair kernel (unset: MI_MMVQ_PAIR_ROWS; 0 = every matrix). A pair block serves twice a block's rows,
+// so a small matrix's launch gets half the blocks, and the 0.5B shape's 896-row o / ffn_down then
+// lose (GPU ms a forward, nt = 2 / 4, pairs on all / not on those: 0.676 / 0.663, 0.777 / 0.768),
+// while the 1.5B's 1,536-row ones win (ffn_down: 1.038 / 1.074, 1.262 / 1.393) and the 7B's 3,584;
+// no block-count bound separates those (docs/perf.md, session 34). The same bits either way. The
+// warp kernel's matrices (>= 4096 rows by default) are not affected.
+#define MI_MMVQ_PAIR_ROWS 1024
+static int64_t mi_mmvq_pair_rows() { return mi_env_rows("MI_CUDA_MMVQ_PAIR_ROWS", MI_MMVQ_PAIR_ROWS, 0); }
 uint64_t mi_mmvq_pair_count = 0;
 extern "C" uint64_t mi_cuda_mmvq_pair_launches(void) { return __atomic_load_n(&mi_mmvq_pair_count, __ATOMIC_RELAXED); }
 static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows, int64_t warp_rows) {
@@ -166,6 +177,10 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     a.warp = mi_mmvq_warps(mode, nchunks, w->n_rows, warp_rows);
     a.pair = mi_mmvq_pair_mode();
     if (a.pair < 0) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_PAIR=%s: want 0 or 1", getenv("MI_CUDA_MMVQ_PAIR"));
+    const int64_t pair_rows = mi_mmvq_pair_rows();
+    if (pair_rows < 0)
+        return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_PAIR_ROWS=%s: want a row count >= 0", getenv("MI_CUDA_MMVQ_PAIR_ROWS"));
+    if (!a.warp && w->n_rows < pair_rows) a.pair = 0;
     const int mma_from = mi_mmvq_mma_from(a.warp > 0);
     if (mma_from < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA=%s: want 0 (off) or 2..8 (fewest activation rows)",
