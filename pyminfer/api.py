@@ -19,6 +19,7 @@ import json
 import numbers
 import os
 import threading
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
@@ -81,8 +82,8 @@ class LLM:
         n_ctx: context size in tokens (default min(4096, the model's trained context); 0: the
             trained context, as llama-cpp-python's n_ctx=0).
         n_threads: CPU threads (0: all cores).
-        spec_draft_n: draft tokens per speculative round (0..8; checked with or without a draft;
-            with a draft at most n_ubatch - 1), or with spec_adaptive the first depth tried (capped
+        spec_draft_n: draft tokens per speculative round (0..8; checked with or without a draft,
+            a UserWarning without one, as the CLI warns; with a draft at most n_ubatch - 1), or with spec_adaptive the first depth tried (capped
             at n_ubatch - 1); None (default): 4, capped at n_ubatch - 1.
         spec_adaptive: choose the draft depth each round (needs draft_model).
         spec_ngram: n-gram drafts (pyminfer.ngram.NgramSpec(n, m); llama.cpp's
@@ -118,6 +119,8 @@ class LLM:
             raise ValueError(f"n_ubatch {n_ubatch} is too small for n-gram drafts of {spec_ngram.m} tokens: a verify "
                              f"forward takes {spec_ngram.m + 1} tokens")
         _check_spec(spec_draft_n, spec_adaptive, draft_model is not None)
+        if spec_draft_n is not None and draft_model is None:  # as the CLI's warning for --spec-draft-n
+            warnings.warn("spec_draft_n is ignored without draft_model", UserWarning, stacklevel=2)
         if draft_model is not None:
             if spec_draft_n is not None and n_ubatch is not None and n_ubatch < spec_draft_n + 1 \
                     and not spec_adaptive:  # (adaptive, or the default depth: capped)
@@ -318,7 +321,8 @@ class LLM:
             GenerationResult: ``text``, ``prompt_ids``, ``generated_ids``, ``finish_reason`` ('stop' or
             'length'), ``stop_reason`` ('eos', 'stop_string', 'max_tokens', 'context', 'indent',
             'time'), ``timings``
-            (prefill/decode seconds and tokens/s), ``spec`` (speculative statistics or None).
+            (prefill/decode seconds and tokens/s), ``spec`` (speculative statistics or None),
+            ``seed`` (the seed used: ``seed``, or one drawn at random; pass it back to repeat a run).
 
         Raises:
             ValueError: empty prompt, max_tokens < -1, sampling values out of range.

@@ -32,6 +32,8 @@ class GenerationResult:
     logprobs: with SamplingParams.logprobs, a TokenLogprob for each generated token whose text
     starts inside ``text`` (not an ending end-of-generation token, nor tokens cut off with a stop
     string); else None.
+    seed: the seed the sampler's RNG used: SamplingParams.seed, or the one drawn at random when that
+    was None or negative; given back as ``seed``, it repeats the run (at temperature 0 no draw is made).
     """
 
     text: str
@@ -43,10 +45,11 @@ class GenerationResult:
     spec: dict[str, Any] | None = None
     stop_word: str = ""
     logprobs: list[TokenLogprob] | None = None
+    seed: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("text", "prompt_ids", "generated_ids", "finish_reason", "stop_reason",
-                                            "timings")}
+                                            "timings", "seed")}
         if self.spec is not None:
             d["spec"] = self.spec
         if self.stop_word:
@@ -273,7 +276,7 @@ def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingPar
     timings["decode_tok_s"] = n_dec / timings["decode_s"] if timings["decode_s"] > 0 and n_dec else 0.0
     spec = dec.spec_stats() if hasattr(dec, "spec_stats") else None
     res = GenerationResult("".join(text_parts), list(prompt_ids), generated, finish, reason, timings, spec,
-                           stopper.word if reason == "stop_string" else "", kept_lp if want_lp else None)
+                           stopper.word if reason == "stop_string" else "", kept_lp if want_lp else None, sampler.seed)
     yield Chunk("", [], res)
 
 

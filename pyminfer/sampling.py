@@ -20,6 +20,7 @@ token. The draw then weighs what is left by the logits, as llama.cpp's dist samp
 
 from __future__ import annotations
 
+import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -254,8 +255,11 @@ class Sampler:
             raise ValueError("the infill sampler needs the model's vocabulary")
         self.p = params
         self.vocab = vocab
+        # the seed used: params.seed, or one drawn at random (None or negative, as llama.cpp's -1), so
+        # that a random run can be repeated (GenerationResult.seed; llama.cpp logs "sampler seed")
         seed = params.seed
-        self.rng = np.random.default_rng(None if seed is None or seed < 0 else seed)  # -1: random
+        self.seed: int = seed if seed is not None and seed >= 0 else secrets.randbits(32)
+        self.rng = np.random.default_rng(self.seed)
         # with params.logprobs: one TokenLogprob a sample() call, in call order (the decoders
         # call sample() once per token they emit, in the order they emit them)
         self.logprobs: deque[TokenLogprob] = deque()

@@ -385,7 +385,7 @@ class ChatRequest(_GenRequest):
             # a null user turn was rendered as an empty one, answering a question nobody asked
             calls = (m.model_extra or {}).get("tool_calls")
             if m.content is None and not (m.role == "assistant" and calls not in (None, [])):
-                raise APIError(400, f"messages.{i}.content: must be a string or a list of content parts (null only "
+                raise APIError(400, f"messages[{i}].content must be a string or a list of content parts (null only "
                                "in an assistant message with tool_calls)", param=f"messages.{i}.content",
                                code="invalid_value")
 
@@ -439,10 +439,13 @@ def _validation_api_error(errs: Any) -> APIError:
             in_union = True
             break
     param = ".".join(path) or None
+    # the message writes list indices as the other messages do (messages[0].content); param keeps
+    # OpenAI's dotted form
+    where = "".join(f"[{x}]" if x.isdigit() else f".{x}" for x in path).removeprefix(".")
     field = path[-1] if path else ""
     typ = e.get("type", "")
     if typ == "missing":
-        return APIError(400, f"missing required field '{param}'", param=param, code="missing_field")
+        return APIError(400, f"missing required field '{where}'", param=param, code="missing_field")
     if in_union and field in _UNION_KINDS:
         msg = f"must be {_UNION_KINDS[field]}"
     elif typ in _TYPE_KINDS:
@@ -458,7 +461,7 @@ def _validation_api_error(errs: Any) -> APIError:
         msg = "must not be empty" if n == 1 else f"must have at least {n} items"
     else:
         msg = str(e.get("msg", "invalid request")).removeprefix("Value error, ")
-    return APIError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value")
+    return APIError(400, f"{where}: {msg}" if param else msg, param=param, code="invalid_value")
 
 
 def _check_unicode(obj: Any) -> None:
@@ -713,7 +716,8 @@ def _logprobs_asked(req: _GenRequest) -> int | None:
     logprobs (bool) + top_logprobs (0..20, OpenAI's limit), a completion's logprobs (an int,
     0..20), llama.cpp's n_probs (> 0, no limit but the vocabulary; in a chat too, as llama.cpp
     passes it through). 400 for a value of the other API's type, one out of range, or
-    top_logprobs without logprobs true."""
+    top_logprobs > 0 without logprobs true (0 asks for nothing, so it is accepted, as vLLM does:
+    some clients send it by default)."""
     def ranged(name: str, v: int) -> int:
         if not 0 <= v <= MAX_LOGPROBS:
             raise APIError(400, f"{name} must be in 0..{MAX_LOGPROBS}, got {v}", param=name, code="invalid_value")
@@ -725,7 +729,8 @@ def _logprobs_asked(req: _GenRequest) -> int | None:
             raise APIError(400, "logprobs in a chat request is true or false (top_logprobs says how many "
                            "alternatives)", param="logprobs", code="invalid_value")
         if req.top_logprobs is not None and not lp:
-            raise APIError(400, "top_logprobs needs logprobs true", param="top_logprobs", code="invalid_value")
+            if ranged("top_logprobs", req.top_logprobs):
+                raise APIError(400, "top_logprobs needs logprobs true", param="top_logprobs", code="invalid_value")
         if lp:
             return ranged("top_logprobs", req.top_logprobs or 0)
     else:
@@ -1002,6 +1007,16 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                            "(at least one position must stay free)", param=param,
                            code="context_length_exceeded")
 
+    def check_prompt_text(llm: LLM, text: str, param: str = "prompt") -> None:
+        """check_prompt's context bound, before tokenizing: a text of more than n_ctx tokens' worth of
+        characters (Tokenizer.max_token_bytes each, twice over) cannot fit, so it is a 400 at once
+        instead of after seconds of tokenizing (megabytes) and the memory that takes."""
+        most = 2 * llm.n_ctx * llm.tokenizer.max_token_bytes
+        if len(text) > most:
+            raise APIError(400, f"the prompt has {len(text)} characters, more than {llm.n_ctx} tokens of this model "
+                           f"can hold (none stands for more than {llm.tokenizer.max_token_bytes} bytes); this model's "
+                           f"context holds {llm.n_ctx} tokens", param=param, code="context_length_exceeded")
+
     def fim_prompt(llm: LLM, prefix: str, suffix: str, *, extra: list[InfillChunk] | None = None, prompt: str = "",
                    n: int | None = None, param: str = "input_prefix", unsupported: int = 501) -> list[int]:
         """The FIM prompt's ids (pyminfer.infill), checked like any prompt; a model without FIM
@@ -1074,6 +1089,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             if len(p) != 1:
                 raise APIError(400, "a batch of prompts mixes strings and token-id lists", param="prompt")
             p = p[0]
+        if isinstance(p, str):
+            check_prompt_text(llm, p)
         try:
             ids = llm.prompt_ids(p)
         except (TypeError, ValueError) as e:
@@ -1164,7 +1181,10 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         try:
             text = llm.apply_chat_template(msgs, add_generation_prompt=agp is not False,
                                            continue_final_message=cont)
-            return llm.tokenize(text, parse_special=True) if ids else text
+            if not ids:
+                return text
+            check_prompt_text(llm, text, "messages")
+            return llm.tokenize(text, parse_special=True)
         except ChatTemplateError as e:  # the model's fault, not the request's
             raise APIError(500, str(e), type="server_error", code="chat_template_error") from None
         except ValueError as e:  # MessageError: its param is the field's path
@@ -1268,6 +1288,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                     # the last has been evaluated); the prompt tokens reused are timings.cache_n
                     "tokens_cached": len(ids) + max(len(res.generated_ids) - 1, 0),
                     "truncated": False, "stop_type": _STOP_TYPES[res.stop_reason], "stopping_word": res.stop_word,
+                    # llama-server's: the settings as /slots shows them, with the seed the sampler used
+                    # (drawn at random when the request gave none: send it back to repeat the run)
+                    "generation_settings": {**_slot_params(params, n, req.stream), "seed": res.seed},
                     "timings": _timings(res)}
 
         if req.stream:  # llama.cpp's stream: one object per piece, the last with stop true; no [DONE]

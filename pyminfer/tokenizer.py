@@ -21,6 +21,7 @@ an existing ``gguf.GGUFReader`` is used as is.
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import os
 import struct
@@ -515,6 +516,13 @@ class Tokenizer:
     def is_eog(self, token_id: int) -> bool:
         """Whether generating this token ends generation."""
         return token_id in self.eog_ids
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """An upper bound on the bytes of text one token stands for (the longest token string's UTF-8
+        length: a byte-level token's characters each stand for one byte, a control token is its own
+        text), >= 1. A text of more than n * max_token_bytes characters has more than n tokens."""
+        return max([len(t.encode("utf-8")) for t in self._tokens] + [1])
 
     def token_to_id(self, text: str) -> int | None:
         """The id whose vocab string is exactly ``text``, or None."""

@@ -49,6 +49,24 @@ def test_seeded_sampling_repeats(llm):
     a = llm.generate("Once upon a time", max_tokens=5, temperature=1.0, seed=7)
     b = llm.generate("Once upon a time", max_tokens=5, temperature=1.0, seed=7)
     assert a.generated_ids == b.generated_ids
+    assert a.seed == 7 and a.to_json()["seed"] == 7
+
+
+def test_random_seed_is_reported_and_repeats_the_run(llm):
+    """seed None (or negative) draws a seed; the result names it, and given back it repeats the run
+    (llama.cpp logs its "sampler seed" for the same reason)."""
+    runs = [llm.generate("Once upon a time", max_tokens=12, temperature=1.5, top_k=0, seed=s) for s in (None, -1)]
+    for r in runs:
+        assert isinstance(r.seed, int) and 0 <= r.seed < 2**32
+        again = llm.generate("Once upon a time", max_tokens=12, temperature=1.5, top_k=0, seed=r.seed)
+        assert again.generated_ids == r.generated_ids and again.seed == r.seed
+    assert runs[0].seed != runs[1].seed  # drawn afresh (equal once in 2^32)
+
+
+def test_spec_draft_n_without_a_draft_warns():
+    """As the CLI's "--spec-draft-n ignored without --spec-draft": a warning, not silence."""
+    with pytest.warns(UserWarning, match="spec_draft_n is ignored without draft_model"):
+        LLM("smollm2-135m", device="cpu", n_ctx=64, spec_draft_n=3).close()
 
 
 def test_stop_string(llm):
@@ -179,14 +197,14 @@ def test_close_with_a_stream_open(draft, monkeypatch):
     read the closed LLM's model and printed 'Exception ignored' at exit); plain and speculative."""
     unraisable = []
     monkeypatch.setattr("sys.unraisablehook", unraisable.append)
-    m = LLM("smollm2-135m", draft_model=draft, device="cpu", n_ctx=64, spec_draft_n=2)
+    m = LLM("smollm2-135m", draft_model=draft, device="cpu", n_ctx=64, spec_draft_n=2 if draft else None)
     it = m.generate(PROMPT, max_tokens=8, temperature=0, stream=True)
     next(it)
     m.close()
     with pytest.raises(RuntimeError, match="smollm2.* is closed") as e:
         next(it)
     assert e.value.__context__ is None
-    m = LLM("smollm2-135m", draft_model=draft, device="cpu", n_ctx=64, spec_draft_n=2)
+    m = LLM("smollm2-135m", draft_model=draft, device="cpu", n_ctx=64, spec_draft_n=2 if draft else None)
     it = m.chat([{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0, stream=True)
     next(it)
     m.close()

@@ -182,6 +182,25 @@ def test_n_predict_minus_one_runs_to_the_end_of_the_context():
     assert out.returncode == 1 and "must be >= -1" in out.stderr
 
 
+def test_run_reports_the_seed_it_drew():
+    """`run` without --seed at a temperature above 0 names the seed it drew (stats line and --json's
+    seed, as llama-cli logs its sampler seed); --seed with that value repeats the text."""
+    import json
+
+    ensure_model(MODEL, progress=False)
+    base = ("run", "-m", MODEL, "--device", "cpu", "-c", "64", "-n", "8", "--temp", "1.5", "--top-k", "0",
+            "-p", "Once upon a time")
+    out = _cli(*base)
+    assert out.returncode == 0, out.stderr
+    seed = int(re.search(r"\| seed (\d+)", out.stderr).group(1))
+    again = _cli(*base, "--seed", str(seed), "--json")
+    assert again.returncode == 0, again.stderr
+    res = json.loads(again.stdout)
+    assert res["seed"] == seed and res["text"] + "\n" == out.stdout
+    greedy = _cli("run", "-m", MODEL, "--device", "cpu", "-c", "64", "-n", "2", "--temp", "0", "-p", "Hi")
+    assert "seed" not in greedy.stderr  # no draw at temperature 0: nothing to repeat
+
+
 def test_message_too_long_for_the_context_is_skipped_with_status_1():
     """A message that cannot fit even alone is dropped with a message and the loop goes on (the next
     line is answered), and the exit status is then 1, as for a line that is not UTF-8: a script

@@ -526,6 +526,27 @@ def test_developer_role_is_system_and_unknown_roles_are_refused(local):
     # a chat too long for the context names "messages" (it named "prompt", a field chats do not have)
     err = _error(_chat(c, [{"role": "user", "content": "hello " * 400}]))
     assert err["code"] == "context_length_exceeded" and err["param"] == "messages", err
+    assert "tokens; this model's context holds" in err["message"]  # counted: tokenized
+
+
+def test_huge_prompt_refused_before_tokenizing(local):
+    """A prompt of more characters than n_ctx tokens could hold (each at most max_token_bytes) is a
+    context_length_exceeded 400 without being tokenized (megabytes took seconds and ~1 GB); one just
+    under that bound is still tokenized and counted, so the bound refuses nothing that could fit."""
+    c, state = local
+    llm = state.llm
+    most = 2 * llm.n_ctx * llm.tokenizer.max_token_bytes
+    tok = llm.tokenizer
+    assert tok.max_token_bytes >= max(len(tok.token_to_piece(i)) for i in range(tok.n_vocab))
+    for path, body, param in (("/v1/completions", lambda t: {"prompt": t}, "prompt"),
+                              ("/completion", lambda t: {"prompt": [t]}, "prompt"),
+                              ("/v1/chat/completions", lambda t: {"messages": [{"role": "user", "content": t}]},
+                               "messages")):
+        err = _error(c.post(path, json={"max_tokens": 1, **body("x" * (most + 1))}))
+        assert err["code"] == "context_length_exceeded" and err["param"] == param, (path, err)
+        assert "characters, more than" in err["message"], err  # the early refusal, not a token count
+        near = _error(c.post(path, json={"max_tokens": 1, **body("x" * (most // 2))}))
+        assert near["code"] == "context_length_exceeded" and "tokens; this model's context holds" in near["message"]
 
 
 SURROGATES = [
@@ -667,7 +688,8 @@ def test_validation_messages_name_the_field_plainly(local):
     err = _error(_chat(c, []))
     assert (err["param"], err["message"]) == ("messages", "messages: must not be empty")
     err = _error(_chat(c, [{"role": "user", "content": 5}]))
-    assert err["message"] == "messages.0.content: must be a string or a list of content parts"
+    assert err["message"] == "messages[0].content: must be a string or a list of content parts"
+    assert err["param"] == "messages.0.content"
 
 
 @pytest.mark.parametrize("raw", ["Infinity", "-Infinity", "NaN"])
@@ -1404,6 +1426,20 @@ def test_sampler_chain_fields(local):
     assert props["samplers"] == ["penalties", "top_k", "top_p", "min_p", "temperature"] and props["n_indent"] == 0
 
 
+def test_completion_generation_settings_name_the_seed(local):
+    """llama-server's /completion answers with generation_settings (/slots' params); here its seed is
+    the one the sampler used, drawn when the request gave none, so the run can be repeated."""
+    c, _ = local
+    body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.5, "top_k": 0}
+    r = c.post("/completion", json=body).json()
+    g = r["generation_settings"]
+    assert isinstance(g["seed"], int) and 0 <= g["seed"] < 2**32
+    assert (g["n_predict"], g["temperature"], g["top_k"], g["stream"]) == (8, 1.5, 0, False)
+    again = c.post("/completion", json={**body, "seed": g["seed"]}).json()
+    assert again["content"] == r["content"] and again["generation_settings"] == g
+    assert c.post("/completion", json={**body, "seed": 3}).json()["generation_settings"]["seed"] == 3
+
+
 def test_logprobs_in_each_api_shape(local):
     """Token log-probabilities as each API gives them, equal to the Python API's (LLM.generate
     logprobs): OpenAI chat (logprobs true, top_logprobs), completions (logprobs n, text_offset),
@@ -1448,6 +1484,12 @@ def test_logprobs_in_each_api_shape(local):
                                "top_logprobs")):
         err = _error(c.post(path, json={**base, **body}))
         assert err["param"] == param, (path, body, err)
+    # top_logprobs 0 asks for nothing: accepted without logprobs (vLLM; clients send it by default),
+    # but not out of range
+    zero = c.post("/v1/chat/completions", json={**base, "messages": msgs, "top_logprobs": 0})
+    assert zero.status_code == 200 and zero.json()["choices"][0] == plain
+    assert _error(c.post("/v1/chat/completions", json={**base, "messages": msgs, "top_logprobs": -1}))["param"] == \
+        "top_logprobs"
     # llama.cpp's n_probs has no limit of 20, and a chat takes it too (llama.cpp passes it through)
     many = c.post("/completion", json={**base, "prompt": "x", "max_tokens": 1, "n_probs": 25}).json()
     assert len(many["completion_probabilities"][0]["top_logprobs"]) == 25
