@@ -293,7 +293,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         t = res.timings
         log(f"pyminfer: load {t['load_s']:.2f} s | prefill {t['prefill_tokens']} tok, {t['prefill_tok_s']:.1f} tok/s | "
             f"decode {len(res.generated_ids)} tok, {t['decode_tok_s']:.1f} tok/s | finish: {res.finish_reason} "
-            f"({res.stop_reason}){f' | seed {res.seed}' if params.temperature > 0 else ''}")
+            f"({res.stop_reason}){'' if params.greedy else f' | seed {res.seed}'}")
         if res.spec:
             s = res.spec
             log(f"pyminfer: spec rounds {s['rounds']}, drafted {s['drafted']}, accepted {s['accepted']} "

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, AsyncIterator, Callable, List, Optional, TypeVar, Union
+from typing import Annotated, Any, AsyncIterator, Callable, List, Optional, Sequence, TypeVar, Union
 
 try:
     from fastapi import FastAPI, Request
@@ -426,23 +426,28 @@ _BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "les
            "less_than": ("<", "lt")}
 
 
+def _where(path: Sequence[str | int]) -> str:
+    """A request field's path as error messages write it, list indices in brackets
+    (``messages[0].content``), as the Python API's messages do; the error's ``param`` keeps OpenAI's
+    dotted form (``messages.0.content``)."""
+    return "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in path).removeprefix(".")
+
+
 def _validation_api_error(errs: Any) -> APIError:
     """The first pydantic error as a 400 whose message names the field plainly
     (``max_tokens: must be an integer, got true``)."""
     e = errs[0] if errs else {}
-    path: list[str] = []
+    path: list[str | int] = []
     in_union = False
     for x in e.get("loc", ()):
         if isinstance(x, int) or x in _FIELDS:
-            path.append(str(x))
+            path.append(x)
         elif x != "body":  # a union member's name: what follows it belongs to that member only
             in_union = True
             break
-    param = ".".join(path) or None
-    # the message writes list indices as the other messages do (messages[0].content); param keeps
-    # OpenAI's dotted form
-    where = "".join(f"[{x}]" if x.isdigit() else f".{x}" for x in path).removeprefix(".")
-    field = path[-1] if path else ""
+    param = ".".join(map(str, path)) or None
+    where = _where(path)
+    field = str(path[-1]) if path else ""
     typ = e.get("type", "")
     if typ == "missing":
         return APIError(400, f"missing required field '{where}'", param=param, code="missing_field")
@@ -468,22 +473,23 @@ def _check_unicode(obj: Any) -> None:
     """APIError 400 naming the first string (or key) in the parsed body that holds a lone UTF-16
     surrogate: Python's json accepts ``"\\ud800"``, but such a string is not text; the tokenizer
     raises on it and even an error message quoting it cannot be encoded."""
-    stack: list[tuple[Any, str]] = [(obj, "")]
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(obj, ())]
     while stack:  # iterative: the body may nest as deep as json.loads allows
-        x, where = stack.pop()
+        x, path = stack.pop()
+        param = ".".join(map(str, path)) or None
         if isinstance(x, str):
             i = lone_surrogate(x)
             if i is not None:
-                raise APIError(400, f"{where or 'body'}: invalid Unicode (lone surrogate U+{ord(x[i]):04X} at "
-                               f"index {i}); send valid UTF-8 text", param=where or None, code="invalid_unicode")
+                raise APIError(400, f"{_where(path) or 'body'}: invalid Unicode (lone surrogate U+{ord(x[i]):04X} at "
+                               f"index {i}); send valid UTF-8 text", param=param, code="invalid_unicode")
         elif isinstance(x, dict):
             for k, v in reversed(list(x.items())):
                 if lone_surrogate(k) is not None:
-                    raise APIError(400, f"{where or 'body'}: a key holds invalid Unicode (a lone surrogate)",
-                                   param=where or None, code="invalid_unicode")
-                stack.append((v, f"{where}.{k}" if where else k))
+                    raise APIError(400, f"{_where(path) or 'body'}: a key holds invalid Unicode (a lone surrogate)",
+                                   param=param, code="invalid_unicode")
+                stack.append((v, (*path, k)))
         elif isinstance(x, list):
-            stack.extend((v, f"{where}.{j}") for j, v in reversed(list(enumerate(x))))
+            stack.extend((v, (*path, j)) for j, v in reversed(list(enumerate(x))))
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
@@ -1007,20 +1013,24 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                            "(at least one position must stay free)", param=param,
                            code="context_length_exceeded")
 
-    def check_prompt_text(llm: LLM, text: str, param: str = "prompt") -> None:
-        """check_prompt's context bound, before tokenizing: a text of more than n_ctx tokens' worth of
-        characters (Tokenizer.max_token_bytes each, twice over) cannot fit, so it is a 400 at once
-        instead of after seconds of tokenizing (megabytes) and the memory that takes."""
-        most = 2 * llm.n_ctx * llm.tokenizer.max_token_bytes
-        if len(text) > most:
-            raise APIError(400, f"the prompt has {len(text)} characters, more than {llm.n_ctx} tokens of this model "
-                           f"can hold (none stands for more than {llm.tokenizer.max_token_bytes} bytes); this model's "
-                           f"context holds {llm.n_ctx} tokens", param=param, code="context_length_exceeded")
+    def check_prompt_text(llm: LLM, texts: Sequence[str], param: str = "prompt") -> None:
+        """check_prompt's context bound before tokenizing: text pieces that give at least twice n_ctx
+        tokens by Tokenizer.min_tokens (a proven lower bound; the factor 2 is a margin on the proof)
+        cannot fit, so they are a 400 at once instead of after seconds of tokenizing (megabytes)
+        and the memory that takes. A prompt that could fit is never refused here."""
+        low = sum(llm.tokenizer.min_tokens(t) for t in texts)
+        if low >= 2 * llm.n_ctx:
+            n = sum(len(t) for t in texts)
+            raise APIError(400, f"the prompt has {n} characters, at least {low} tokens; this model's context holds "
+                           f"{llm.n_ctx}", param=param, code="context_length_exceeded")
 
     def fim_prompt(llm: LLM, prefix: str, suffix: str, *, extra: list[InfillChunk] | None = None, prompt: str = "",
                    n: int | None = None, param: str = "input_prefix", unsupported: int = 501) -> list[int]:
         """The FIM prompt's ids (pyminfer.infill), checked like any prompt; a model without FIM
         tokens is ``unsupported`` (501 for /infill, as llama.cpp's server; 400 for a suffix)."""
+        fim = llm.tokenizer.fim_ids
+        if prompt and all(k in fim for k in ("pre", "suf", "mid")):  # (without them: infill_ids' 501 / 400)
+            check_prompt_text(llm, [prompt])  # tokenized on its own and kept whole; the rest is cut to fit
         try:
             ids = infill_ids(llm.tokenizer, prefix, suffix, extra=extra or (), prompt=prompt, n_ctx=llm.n_ctx,
                              n_predict=n)
@@ -1074,6 +1084,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         if isinstance(p, list) and any(isinstance(x, str) for x in p) and any(isinstance(x, int) for x in p):
             # llama.cpp's mixed prompt ([12, 34, "text", 56]): one prompt, each text piece tokenized,
             # the model's special tokens only with a text piece that comes first (its tokenize_mixed)
+            check_prompt_text(llm, [x for x in p if isinstance(x, str)])
             try:
                 ids: list[int] = []
                 for i, x in enumerate(p):
@@ -1090,7 +1101,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                 raise APIError(400, "a batch of prompts mixes strings and token-id lists", param="prompt")
             p = p[0]
         if isinstance(p, str):
-            check_prompt_text(llm, p)
+            check_prompt_text(llm, [p])
         try:
             ids = llm.prompt_ids(p)
         except (TypeError, ValueError) as e:
@@ -1183,7 +1194,7 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                                            continue_final_message=cont)
             if not ids:
                 return text
-            check_prompt_text(llm, text, "messages")
+            check_prompt_text(llm, [text], "messages")
             return llm.tokenize(text, parse_special=True)
         except ChatTemplateError as e:  # the model's fault, not the request's
             raise APIError(500, str(e), type="server_error", code="chat_template_error") from None

@@ -521,8 +521,30 @@ class Tokenizer:
     def max_token_bytes(self) -> int:
         """An upper bound on the bytes of text one token stands for (the longest token string's UTF-8
         length: a byte-level token's characters each stand for one byte, a control token is its own
-        text), >= 1. A text of more than n * max_token_bytes characters has more than n tokens."""
+        text), >= 1."""
         return max([len(t.encode("utf-8")) for t in self._tokens] + [1])
+
+    @functools.cached_property
+    def _tokenless_ascii(self) -> str | None:
+        """The ASCII characters whose byte has no token, which encode() drops (the BPE model has no
+        unknown token and no byte fallback: SmolLM2's vocabulary lacks 0x04, 0x06, ...); None when a
+        UTF-8 continuation byte (0x80..0xBF) has none, so that a multi-byte character could vanish whole."""
+        missing = [b for b, c in _BYTE_TO_UNICODE.items() if self.token_to_id(c) is None]
+        if any(0x80 <= b <= 0xBF for b in missing):
+            return None
+        return "".join(chr(b) for b in missing if b < 0x80)
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text, add_bos=False, add_eos=False))`` (special parsing or
+        not), found without tokenizing: every character but a dropped one (:attr:`_tokenless_ascii`)
+        gives one of its bytes to some token, and no token stands for more than
+        :attr:`max_token_bytes` bytes. 0 (no bound) for a vocabulary that could drop a multi-byte
+        character whole. Byte-level BPE only, the one model this class implements."""
+        dropped = self._tokenless_ascii
+        if dropped is None:
+            return 0
+        n = len(text) - sum(text.count(c) for c in dropped)
+        return -(-n // self.max_token_bytes)
 
     def token_to_id(self, text: str) -> int | None:
         """The id whose vocab string is exactly ``text``, or None."""

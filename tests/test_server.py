@@ -530,23 +530,30 @@ def test_developer_role_is_system_and_unknown_roles_are_refused(local):
 
 
 def test_huge_prompt_refused_before_tokenizing(local):
-    """A prompt of more characters than n_ctx tokens could hold (each at most max_token_bytes) is a
-    context_length_exceeded 400 without being tokenized (megabytes took seconds and ~1 GB); one just
-    under that bound is still tokenized and counted, so the bound refuses nothing that could fit."""
+    """A prompt whose text gives at least 2 n_ctx tokens by Tokenizer.min_tokens (each token stands for
+    at most max_token_bytes bytes) is a context_length_exceeded 400 without being tokenized (megabytes
+    took seconds and ~1 GB): as a string, a mixed prompt's text pieces, a chat; a prompt under that
+    is tokenized and counted, and characters the vocabulary drops (SmolLM2 has no token for byte 0x04)
+    do not count, so a prompt that fits is never refused early."""
     c, state = local
     llm = state.llm
-    most = 2 * llm.n_ctx * llm.tokenizer.max_token_bytes
     tok = llm.tokenizer
     assert tok.max_token_bytes >= max(len(tok.token_to_piece(i)) for i in range(tok.n_vocab))
+    most = 2 * llm.n_ctx * tok.max_token_bytes
     for path, body, param in (("/v1/completions", lambda t: {"prompt": t}, "prompt"),
                               ("/completion", lambda t: {"prompt": [t]}, "prompt"),
+                              ("/completion", lambda t: {"prompt": [1, t[:len(t) // 2], 2, t[len(t) // 2:]]}, "prompt"),
                               ("/v1/chat/completions", lambda t: {"messages": [{"role": "user", "content": t}]},
                                "messages")):
-        err = _error(c.post(path, json={"max_tokens": 1, **body("x" * (most + 1))}))
+        err = _error(c.post(path, json={"max_tokens": 1, **body("x" * most)}))
         assert err["code"] == "context_length_exceeded" and err["param"] == param, (path, err)
-        assert "characters, more than" in err["message"], err  # the early refusal, not a token count
+        assert "characters, at least" in err["message"], err  # the early refusal, not a token count
         near = _error(c.post(path, json={"max_tokens": 1, **body("x" * (most // 2))}))
         assert near["code"] == "context_length_exceeded" and "tokens; this model's context holds" in near["message"]
+    assert tok.encode("\x04" * 10, add_bos=False) == []  # dropped: the bound must not count them
+    assert tok.min_tokens("Hi" + "\x04" * most) <= 1
+    ok = c.post("/v1/completions", json={"prompt": "Once upon a time" + "\x04" * most, "max_tokens": 1})
+    assert ok.status_code == 200, ok.text
 
 
 SURROGATES = [
@@ -1351,6 +1358,8 @@ def test_infill_writes_the_middle(qwen_app):
     assert long.status_code == 200 and long.json()["tokens_evaluated"] < 256, long.text
     err = _error(c.post("/infill", json={**body, "prompt": "q = 1\n" * 300}))  # only the prompt is not cut
     assert err["param"] == "prompt" and err["code"] == "context_length_exceeded"
+    huge = _error(c.post("/infill", json={**body, "prompt": "q" * (2 * llm.n_ctx * llm.tokenizer.max_token_bytes)}))
+    assert huge["param"] == "prompt" and "characters, at least" in huge["message"], huge
     # llama.vim's chunks carry a "time" key; a null filename is the default; a one-prompt batch takes a suffix
     extra = [{"filename": "a.py", "text": "import os\n", "time": 123}, {"filename": None, "text": "x = 1\n"}]
     r = c.post("/infill", json={**body, "input_extra": extra})
