@@ -83,8 +83,9 @@ class LLM:
             trained context, as llama-cpp-python's n_ctx=0).
         n_threads: CPU threads (0: all cores).
         spec_draft_n: draft tokens per speculative round (0..8; checked with or without a draft,
-            a UserWarning without one, as the CLI warns; with a draft at most n_ubatch - 1), or with spec_adaptive the first depth tried (capped
-            at n_ubatch - 1); None (default): 4, capped at n_ubatch - 1.
+            a UserWarning without one, as the CLI warns; with a draft at most n_ubatch - 1), or with
+            spec_adaptive the first depth tried (capped at n_ubatch - 1); None (default): 4, capped
+            at n_ubatch - 1.
         spec_adaptive: choose the draft depth each round (needs draft_model).
         spec_ngram: n-gram drafts (pyminfer.ngram.NgramSpec(n, m); llama.cpp's
             ``--spec-type ngram-simple``), alone or before the draft model; None: off.

@@ -33,7 +33,8 @@ class GenerationResult:
     starts inside ``text`` (not an ending end-of-generation token, nor tokens cut off with a stop
     string); else None.
     seed: the seed the sampler's RNG used: SamplingParams.seed, or the one drawn at random when that
-    was None or negative; given back as ``seed``, it repeats the run (at temperature 0 no draw is made).
+    was None or negative; given back as ``seed``, it repeats the run (a greedy run draws no token at
+    random, so its seed, drawn all the same, changes nothing).
     """
 
     text: str
