@@ -117,6 +117,53 @@ def test_mmvq_pair_kernel_bitwise(typ, n_rows, n_cols, mmvq, monkeypatch):
     assert nmse(ones, matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
 
 
+@pytest.mark.parametrize("pair", ["0", "1"])
+@pytest.mark.parametrize("n_cols", [256, 512, 896, 1536, 3584, 4864, 5120, 8960, 18944])
+@pytest.mark.parametrize("typ", [bg.Q4_0, bg.Q5_0, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K], ids=lambda t: bg.NAMES[t])
+def test_mmvq_tail_split_bitwise(typ, n_cols, pair, monkeypatch):
+    """The tail splits (MI_CUDA_MMVQ_TAIL: 1 in-warp, 2 cross-warp, 3 = both; 0 / unset: off) form a
+    row's last-pass terms on threads that idled there: in-warp for rows of 8 / 16 / 48 chunks on 32
+    threads, 112 on 64, 592 on 128; cross-warp for 152 / 160 / 280 chunks on 128; 28 chunks: none.
+    The block and pair kernels give the bits of the unsplit kernels (0), nt = 1..8, 37 rows (a partial
+    last block), and the CPU's within the usual bound."""
+    if n_cols % 256 and typ in (bg.Q4_K, bg.Q5_K, bg.Q6_K):
+        pytest.skip("K-quant rows are whole 256-wide blocks")
+    monkeypatch.setenv("MI_CUDA_MMVQ", "0")  # the block kernel for every row length
+    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "0")
+    monkeypatch.setenv("MI_CUDA_MMVQ_PAIR", pair)
+    rng = np.random.default_rng(typ * 31 + n_cols)
+    n_rows = 37
+    w = bg.random_weights(rng, typ, n_rows, n_cols)
+    x = rng.standard_normal((8, n_cols)).astype(np.float32)
+    out = {}
+    for tail in ("0", "1", "2", "3"):
+        monkeypatch.setenv("MI_CUDA_MMVQ_TAIL", tail)
+        out[tail] = [matmul(1, typ, w, n_rows, n_cols, x[:nt]) for nt in range(1, 9)]
+    ones = np.concatenate([matmul(1, typ, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])  # tail 3
+    for nt in range(1, 9):
+        for tail in ("1", "2", "3"):
+            assert np.array_equal(out[tail][nt - 1], out["0"][nt - 1]), (bg.NAMES[typ], n_cols, nt, tail)
+        assert np.array_equal(out["3"][nt - 1], ones[:nt]), (bg.NAMES[typ], n_cols, nt)
+    assert nmse(ones, matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
+
+
+@pytest.mark.parametrize("nt", [1, 4, 9])
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_0+q8_0", "q4_k_m,wide"])
+def test_forward_tail_split_bitwise(nt, mix, monkeypatch):
+    """A whole forward with and without the tail splits: the small model's rows of 8 / 16 chunks all
+    take the in-warp one (GLU gate / up, the mixed q/k/v launch with its fused RoPE, pair and block
+    kernels); "wide": rows of 48 chunks (the 1.5B's n_embd, in-warp) and ffn_down's 152 (the 0.5B's
+    n_ff, cross-warp). The same logits and argmax, bit for bit."""
+    types = bg.qwen05_types(SMALL["n_layer"]) if mix.startswith("q5_0") else bg.qwen_types(SMALL["n_layer"])
+    wide = dict(n_embd=1536, n_ff=4864, n_head=12, head_dim=128) if mix.endswith("wide") else {}
+    model = small_model(17, types=types, **wide)
+    prompt = list(np.random.default_rng(17).integers(0, SMALL["n_vocab"], 10))
+    out = batch_under_env(monkeypatch, "MI_CUDA_MMVQ_TAIL", ("0", "1", "2", "3"), model, prompt, list(range(3, 3 + nt)))
+    assert np.std(out[0][0]) > 0.1
+    for k in (1, 2, 3):
+        assert np.array_equal(out[0][0], out[k][0]) and np.array_equal(out[0][1], out[k][1]), k
+
+
 @pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q5_0], ids=lambda t: bg.NAMES[t])
 def test_mmvq_pair_rows_bound(typ, monkeypatch):
     """MI_CUDA_MMVQ_PAIR_ROWS unset: only block-kernel matrices of >= 1024 rows take the pair kernel
@@ -1069,6 +1116,7 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_MMVQ_PAIR", "2"), ("MI_CUDA_MMVQ_PAIR", "on"), ("MI_CUDA_NORM_PRE", "8"),
                                      ("MI_CUDA_MMVQ_PAIR_ROWS", "-1"), ("MI_CUDA_MMVQ_PAIR_ROWS", "1k"),
+                                     ("MI_CUDA_MMVQ_TAIL", "4"), ("MI_CUDA_MMVQ_TAIL", "on"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "0"), ("MI_CUDA_MMVQ_WARP_ROWS", "4k"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "+12"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
@@ -1104,7 +1152,7 @@ def test_bad_graphs_switch_is_refused(val, monkeypatch):
 
 @pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
                                  "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT", "MI_CUDA_MMVQ_PAIR",
-                                 "MI_CUDA_MMVQ_PAIR_ROWS",
+                                 "MI_CUDA_MMVQ_PAIR_ROWS", "MI_CUDA_MMVQ_TAIL",
                                  "MI_CUDA_FUSE", "MI_CUDA_MMQ", "MI_CUDA_ROPE_FUSE",
                                  "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE", "MI_CUDA_MMQ_SPLITS"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):
