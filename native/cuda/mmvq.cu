@@ -110,6 +110,8 @@ static int mi_mmvq_tail_kind(int mode, int64_t nchunks, int rpb) {
 }
 uint64_t mi_mmvq_pair_count = 0;
 extern "C" uint64_t mi_cuda_mmvq_pair_launches(void) { return __atomic_load_n(&mi_mmvq_pair_count, __ATOMIC_RELAXED); }
+uint64_t mi_mmvq_tail_count = 0;
+extern "C" uint64_t mi_cuda_mmvq_tail_launches(void) { return __atomic_load_n(&mi_mmvq_tail_count, __ATOMIC_RELAXED); }
 static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows, int64_t warp_rows) {
     const int by_len = nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
     switch (mode) {

@@ -84,6 +84,8 @@ struct mi_mmvq_args {
 };
 // Launches of the pair kernel so far (mi_cuda_mmvq_pair_launches; host side, graph replays not counted).
 extern uint64_t mi_mmvq_pair_count;
+// Launches of a tail-split instance (a.tail != 0) so far (mi_cuda_mmvq_tail_launches; host side).
+extern uint64_t mi_mmvq_tail_count;
 template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s);
 // The tensor-core verify kernel (mmvq_mma.cu): whether it serves a matrix (q4_K, rows a multiple of
 // 16, no fused RoPE), and the launch of one group of 2 <= nt <= 8 rows: the same bits, row by row,

@@ -246,19 +246,32 @@ __device__ __forceinline__ bool mi_tail_slot(int nchunks, int tpr, int j, int &c
 // thread; activation rows [0, NA) and [NA, NT) of a one-row thread) into shared memory and, after a
 // block barrier, warp 0's lanes add them as their last terms (the shape: mi_mmvq_xtail_fits, mmvq.cuh).
 
-// The cross-warp tail of one block (every thread calls it: a barrier). TWO: row1 is the second row
-// of each thread (GLU up / pair row b), else row1 is unused and NT >= 2.
+// MI_MMVQ_TAIL_PRELOAD (compile time, A/B timing): 1 (default) loads the chunk a thread forms for another
+// before its chunk loop, in flight with the loop's loads (as the unsplit loop's unrolled pair had both of a
+// lane's chunks), at the cost of registers (q4_K, ptxas sm_90, in-warp instances: GLU nt = 4 72 -> 96, pair
+// nt = 4 72 -> 96); 0 loads it after the loop (GLU / pair nt = 4 72 / 72: one more memory round trip).
+#ifndef MI_MMVQ_TAIL_PRELOAD
+#define MI_MMVQ_TAIL_PRELOAD 1
+#endif
+
+// The cross-warp tail's slot for this thread: the chunk c = nfull + lane that warps 1 and 2 form (has)
+// and warp 0's lane adds.
+__device__ __forceinline__ void mi_xtail_slot(int nchunks, int &c, bool &has) {
+    const int w = threadIdx.x / 32;
+    c = nchunks - nchunks % MI_MMVQ_THREADS + threadIdx.x % 32;
+    has = (w == 1 || w == 2) && c < nchunks;
+}
+
+// The cross-warp tail of one block (every thread calls it: a barrier). ch / qsh: the chunk c of its row
+// (warp 1: row 0, warp 2: row 1 when TWO, else row 0) that mi_xtail_slot gave a thread of warps 1, 2
+// (has). TWO: two rows a thread (GLU gate / up, pair rows a / b); else one row and NT >= 2.
 template <int T, int NT, bool TWO>
-__device__ __forceinline__ void mi_xtail(const uint8_t *row0, const uint8_t *row1, int nchunks, const mi_block_q8a *xq,
+__device__ __forceinline__ void mi_xtail(const mi_chunk &ch, int qsh, int c, bool has, int nchunks, const mi_block_q8a *xq,
                                          int64_t ldxb, float *acc0, float *acc1) {
-    __shared__ float tl[TWO ? 2 : 1][32][NT]; // [row][warp 0's lane][activation row]: the terms
-    constexpr int NA = TWO ? NT : (NT + 1) / 2, CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32, nfull = nchunks - nchunks % MI_MMVQ_THREADS;
-    if ((w == 1 || w == 2) && nfull + l < nchunks) {
-        const int c = nfull + l;
-        mi_chunk ch;
-        int qsh;
-        mi_load_dp<T>((TWO && w == 2 ? row1 : row0) + (int64_t)(c / CPB) * BB, c % CPB, ch, qsh);
+    __shared__ float tl[TWO ? 2 : 1][NT][32]; // [row][activation row][warp 0's lane]: the terms
+    constexpr int NA = TWO ? NT : (NT + 1) / 2;
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    if (has) {
         const int off = TWO || w == 1 ? 0 : NA;
 #pragma unroll
         for (int i = 0; i < NA; i++) {
@@ -266,17 +279,17 @@ __device__ __forceinline__ void mi_xtail(const uint8_t *row0, const uint8_t *row
             if (t < NT) {
                 const mi_block_q8a *a = xq + (int64_t)t * ldxb + c;
                 const int2 *aq = (const int2 *)a->qs;
-                tl[TWO ? w - 1 : 0][l][t] =
+                tl[TWO ? w - 1 : 0][t][l] =
                     mi_chunk_term<T>(ch.dw, ch.mw, a->d, a->s, mi_chunk_isum<T>(ch, qsh, aq[0], aq[1], aq[2], aq[3]));
             }
         }
     }
     __syncthreads();
-    if (w == 0 && nfull + l < nchunks)
+    if (w == 0 && c < nchunks)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            acc0[t] = __fadd_rn(acc0[t], tl[0][l][t]);
-            if (TWO) acc1[t] = __fadd_rn(acc1[t], tl[TWO ? 1 : 0][l][t]);
+            acc0[t] = __fadd_rn(acc0[t], tl[0][t][l]);
+            if (TWO) acc1[t] = __fadd_rn(acc1[t], tl[TWO ? 1 : 0][t][l]);
         }
 }
 
@@ -459,12 +472,25 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
     if (r < n_rows) {
         const uint8_t *row0 = w0 + (int64_t)(ra - row_off) * row_bytes;
         const uint8_t *row1 = GLU ? w1 + (int64_t)(ra - row_off) * row_bytes : nullptr;
-        // The tail split (mi_tail_slot; a one-row thread needs NT >= 2 to share): its chunk loaded
-        // first, so that its load is in flight with the loop's.
-        int ct;
-        bool has;
+        // The tail splits (a one-row thread needs NT >= 2 to share): the chunk this thread forms for
+        // another (in-warp: lane l + 16 row 1's, lane l row 0's; cross-warp: warp 1 row 0's, warp 2
+        // row 1's) is loaded before the loop, so that its load is in flight with the loop's, as the
+        // unsplit loop's unrolled pair had them.
+        int ct = 0;
+        bool has = false;
         const bool xs = TAIL == 2 && (GLU || NT >= 2) && mi_mmvq_xtail_fits(nchunks, tpr); // the whole block
         const bool split = TAIL == 1 && (GLU || NT >= 2) && mi_tail_slot(nchunks, tpr, j, ct, has);
+        if (xs) mi_xtail_slot(nchunks, ct, has);
+        mi_chunk cht;
+        int qsht = 0;
+        const auto load_tail = [&]() {
+            if ((split || xs) && has) {
+                const bool second = GLU && (xs ? threadIdx.x / 32 == 2 : threadIdx.x % 32 >= 16);
+                mi_load_dp<T>((second ? row1 : row0) + (int64_t)(ct / mi_qt<T>::CPB) * mi_qt<T>::BB,
+                              ct % mi_qt<T>::CPB, cht, qsht);
+            }
+        };
+        if (MI_MMVQ_TAIL_PRELOAD) load_tail();
         const int cend = mi_tail_end(split || xs, nchunks, tpr);
         // Two chunks per step so their loads are in flight together (order of the sum unchanged).
 #pragma unroll 2
@@ -472,17 +498,12 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
             mi_row_chunk<T, NT>(row0, c, xq, ldxb, acc);
             if (GLU) mi_row_chunk<T, NT>(row1, c, xq, ldxb, acc1);
         }
+        if (!MI_MMVQ_TAIL_PRELOAD) load_tail();
         if (split) {
-            mi_chunk cht;
-            int qsht = 0;
-            if (has) {
-                const uint8_t *rt = GLU && threadIdx.x % 32 >= 16 ? row1 : row0;
-                mi_load_dp<T>(rt + (int64_t)(ct / mi_qt<T>::CPB) * mi_qt<T>::BB, ct % mi_qt<T>::CPB, cht, qsht);
-            }
             if (GLU) mi_tail_two<T, NT>(cht, qsht, ct, has, xq, ldxb, acc, acc1);
             else mi_tail_one<T, NT>(cht, qsht, ct, has, xq, ldxb, acc);
         }
-        if (xs) mi_xtail<T, NT, GLU>(row0, row1, nchunks, xq, ldxb, acc, acc1); // one row a block: r is uniform
+        if (xs) mi_xtail<T, NT, GLU>(cht, qsht, ct, has, nchunks, xq, ldxb, acc, acc1); // one row a block: uniform
     }
     mi_row_reduce<NT>(acc, tpr, sh[0]);
     if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
@@ -528,10 +549,20 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
         constexpr int CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
         const uint8_t *rowa = w0 + (int64_t)ra * row_bytes;
         const uint8_t *rowb = w0 + (int64_t)(rb < n_rows ? rb : ra) * row_bytes; // no row b: a again, dropped
-        int ct; // the tail split, as in mi_mmvq_block: lane l + 16 forms row b's tail terms
-        bool has;
+        int ct = 0; // the tail splits, as in mi_mmvq_block (row b: lane l + 16 in-warp, warp 2 cross-warp)
+        bool has = false;
         const bool xs = TAIL == 2 && mi_mmvq_xtail_fits(nchunks, tpr); // the whole block
         const bool split = TAIL == 1 && mi_tail_slot(nchunks, tpr, j, ct, has);
+        if (xs) mi_xtail_slot(nchunks, ct, has);
+        mi_chunk cht;
+        int qsht = 0;
+        const auto load_tail = [&]() {
+            if ((split || xs) && has) {
+                const bool second = xs ? threadIdx.x / 32 == 2 : threadIdx.x % 32 >= 16;
+                mi_load_dp<T>((second ? rowb : rowa) + (int64_t)(ct / CPB) * BB, ct % CPB, cht, qsht);
+            }
+        };
+        if (MI_MMVQ_TAIL_PRELOAD) load_tail();
         const int cend = mi_tail_end(split || xs, nchunks, tpr);
 #pragma unroll 2
         for (int c = j; c < cend; c += tpr) {
@@ -541,13 +572,9 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
             mi_load_dp<T>(rowb + (int64_t)(c / CPB) * BB, c % CPB, chb, qsh);
             mi_chunk_dot2<T, NT>(cha, chb, qsh, c, xq, ldxb, acca, accb);
         }
-        if (split) {
-            mi_chunk cht;
-            int qsht = 0;
-            if (has) mi_load_dp<T>((threadIdx.x % 32 >= 16 ? rowb : rowa) + (int64_t)(ct / CPB) * BB, ct % CPB, cht, qsht);
-            mi_tail_two<T, NT>(cht, qsht, ct, has, xq, ldxb, acca, accb);
-        }
-        if (xs) mi_xtail<T, NT, true>(rowa, rowb, nchunks, xq, ldxb, acca, accb); // rows a, b of one block
+        if (!MI_MMVQ_TAIL_PRELOAD) load_tail();
+        if (split) mi_tail_two<T, NT>(cht, qsht, ct, has, xq, ldxb, acca, accb);
+        if (xs) mi_xtail<T, NT, true>(cht, qsht, ct, has, nchunks, xq, ldxb, acca, accb); // rows a, b of one block
     }
     mi_row_reduce<NT>(acca, tpr, sh[0]);
     mi_row_reduce<NT>(accb, tpr, sh[1]);
@@ -784,6 +811,7 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
     else if (NT >= 2 && !GLU && a.pair && !a.os.any_rope && !a.os.yq) {
         __atomic_add_fetch(&mi_mmvq_pair_count, 1, __ATOMIC_RELAXED);
         const int pgrid = (a.n_rows + 2 * a.rpb - 1) / (2 * a.rpb);
+        if (a.tail) __atomic_add_fetch(&mi_mmvq_tail_count, 1, __ATOMIC_RELAXED);
         switch (a.tail) { // the tail split (mi_mmvq_tail_kind): a kernel instance each
         case 1: return mi_launch(mi_mmvq_pair_kernel<T, NT, 1>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes, a.n_rows,
                                  a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
@@ -793,7 +821,8 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
                                   a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
         }
     } else {
-        if constexpr (GLU || NT >= 2) // (one-row threads of NT = 1 have no split)
+        if constexpr (GLU || NT >= 2) { // (one-row threads of NT = 1 have no split)
+            if (a.tail) __atomic_add_fetch(&mi_mmvq_tail_count, 1, __ATOMIC_RELAXED);
             switch (a.tail) {
             case 1: return mi_launch(mi_mmvq_kernel<T, NT, GLU, 1>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes,
                                      a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
@@ -801,6 +830,7 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
                                      a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
             default: break;
             }
+        }
         return mi_launch(mi_mmvq_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
     }
