@@ -811,15 +811,18 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
     else if (NT >= 2 && !GLU && a.pair && !a.os.any_rope && !a.os.yq) {
         __atomic_add_fetch(&mi_mmvq_pair_count, 1, __ATOMIC_RELAXED);
         const int pgrid = (a.n_rows + 2 * a.rpb - 1) / (2 * a.rpb);
-        if (a.tail) __atomic_add_fetch(&mi_mmvq_tail_count, 1, __ATOMIC_RELAXED);
-        switch (a.tail) { // the tail split (mi_mmvq_tail_kind): a kernel instance each
-        case 1: return mi_launch(mi_mmvq_pair_kernel<T, NT, 1>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes, a.n_rows,
-                                 a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-        case 2: return mi_launch(mi_mmvq_pair_kernel<T, NT, 2>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes, a.n_rows,
-                                 a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-        default: return mi_launch(mi_mmvq_pair_kernel<T, NT>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes, a.n_rows,
-                                  a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
+        if constexpr (NT >= 2) { // the tail split (mi_mmvq_tail_kind): a kernel instance each
+            if (a.tail) __atomic_add_fetch(&mi_mmvq_tail_count, 1, __ATOMIC_RELAXED);
+            switch (a.tail) {
+            case 1: return mi_launch(mi_mmvq_pair_kernel<T, NT, 1>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes,
+                                     a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
+            case 2: return mi_launch(mi_mmvq_pair_kernel<T, NT, 2>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes,
+                                     a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
+            default: break;
+            }
         }
+        return mi_launch(mi_mmvq_pair_kernel<T, NT>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes, a.n_rows,
+                         a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
     } else {
         if constexpr (GLU || NT >= 2) { // (one-row threads of NT = 1 have no split)
             if (a.tail) __atomic_add_fetch(&mi_mmvq_tail_count, 1, __ATOMIC_RELAXED);
