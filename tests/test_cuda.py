@@ -118,7 +118,7 @@ def test_mmvq_pair_kernel_bitwise(typ, n_rows, n_cols, mmvq, monkeypatch):
 
 
 def tail_kind(mode, n_cols):
-    """The tail split mmvq.cu's mi_mmvq_tail_kind gives a block-kernel matrix of n_cols columns under
+    """The tail split mmvq.cu's mi_mmvq_set_tail gives a block-kernel matrix of n_cols columns under
     MI_CUDA_MMVQ_TAIL=mode: 2 cross-warp (rows on 128 threads, a last pass of 1..32 chunks), 1 in-warp (a
     warp with 1..16 chunks in its last pass), 0 none."""
     nchunks = n_cols // 32

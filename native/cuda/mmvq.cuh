@@ -80,7 +80,7 @@ struct mi_mmvq_args {
     mi_mmvq_out os;
     int accumulate, rpb, warp;
     int pair; // the pair kernel for plain launches of nt >= 2 on the block kernel (MI_CUDA_MMVQ_PAIR)
-    int tail; // the block / pair kernels' tail split: 0 none, 1 in-warp, 2 cross-warp (mi_mmvq_tail_kind)
+    int tail; // the block / pair kernels' tail split: 0 none, 1 in-warp, 2 cross-warp (mi_mmvq_set_tail)
 };
 // Launches of the pair kernel so far (mi_cuda_mmvq_pair_launches; host side, graph replays not counted).
 extern uint64_t mi_mmvq_pair_count;

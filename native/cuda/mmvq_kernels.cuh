@@ -183,6 +183,15 @@ template <int T> __device__ __forceinline__ void mi_load_dp(const uint8_t *b, in
     }
 }
 
+// One chunk's term against one activation block a (the chunk's own block of one activation row): the
+// term mi_chunk_dot adds. (mi_chunk_dot keeps its own copy of these lines: written through this helper
+// the compiler schedules the default kernels' loads differently, a speed change nobody measured.)
+template <int T>
+__device__ __forceinline__ float mi_chunk_term_q8a(const mi_chunk &ch, int qsh, const mi_block_q8a *a) {
+    const int2 *aq = (const int2 *)a->qs;
+    return mi_chunk_term<T>(ch.dw, ch.mw, a->d, a->s, mi_chunk_isum<T>(ch, qsh, aq[0], aq[1], aq[2], aq[3]));
+}
+
 template <int T, int NT>
 __device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int qsh, int c, const mi_block_q8a *xq, int64_t ldxb,
                                              float *acc) {
@@ -220,7 +229,7 @@ __device__ __forceinline__ void mi_chunk_dot2(const mi_chunk &ca, const mi_chunk
     }
 }
 
-// Tail splits (the kernels' TAIL parameter, chosen per launch by mmvq.cu's mi_mmvq_tail_kind;
+// Tail splits (the kernels' TAIL parameter, chosen per launch by mmvq.cu's mi_mmvq_set_tail;
 // MI_CUDA_MMVQ_TAIL): a row's last pass over its chunks leaves threads idle, and other threads can form
 // those terms: a term is a function of its chunk and rows alone, and the thread that owns the slot
 // still adds every term to the same accumulator in the same order, so the same bits. TAIL = 0: no
@@ -276,12 +285,7 @@ __device__ __forceinline__ void mi_xtail(const mi_chunk &ch, int qsh, int c, boo
 #pragma unroll
         for (int i = 0; i < NA; i++) {
             const int t = i + off;
-            if (t < NT) {
-                const mi_block_q8a *a = xq + (int64_t)t * ldxb + c;
-                const int2 *aq = (const int2 *)a->qs;
-                tl[TWO ? w - 1 : 0][t][l] =
-                    mi_chunk_term<T>(ch.dw, ch.mw, a->d, a->s, mi_chunk_isum<T>(ch, qsh, aq[0], aq[1], aq[2], aq[3]));
-            }
+            if (t < NT) tl[TWO ? w - 1 : 0][t][l] = mi_chunk_term_q8a<T>(ch, qsh, xq + (int64_t)t * ldxb + c);
         }
     }
     __syncthreads();
@@ -328,16 +332,9 @@ __device__ __forceinline__ void mi_tail_one(const mi_chunk &ch, int qsh, int c, 
     constexpr int NA = (NT + 1) / 2;
     const bool lo = threadIdx.x % 32 < 16;
     const int off = lo ? 0 : NA;
-    float v[NA];
+    float v[NA]; // the terms (lanes without a chunk: 0, never added)
 #pragma unroll
-    for (int i = 0; i < NA; i++) {
-        v[i] = -0.0f;
-        if (has) {
-            const mi_block_q8a *a = xq + (int64_t)min(i + off, NT - 1) * ldxb + c;
-            const int2 *aq = (const int2 *)a->qs;
-            v[i] = __fadd_rn(v[i], mi_chunk_term<T>(ch.dw, ch.mw, a->d, a->s, mi_chunk_isum<T>(ch, qsh, aq[0], aq[1], aq[2], aq[3])));
-        }
-    }
+    for (int i = 0; i < NA; i++) v[i] = has ? mi_chunk_term_q8a<T>(ch, qsh, xq + (int64_t)min(i + off, NT - 1) * ldxb + c) : 0.0f;
 #pragma unroll
     for (int i = 0; i < NA; i++) {
         const float u = __shfl_down_sync(MI_FULL_MASK, v[i], 16);
@@ -811,7 +808,7 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
     else if (NT >= 2 && !GLU && a.pair && !a.os.any_rope && !a.os.yq) {
         __atomic_add_fetch(&mi_mmvq_pair_count, 1, __ATOMIC_RELAXED);
         const int pgrid = (a.n_rows + 2 * a.rpb - 1) / (2 * a.rpb);
-        if constexpr (NT >= 2) { // the tail split (mi_mmvq_tail_kind): a kernel instance each
+        if constexpr (NT >= 2) { // the tail split (mi_mmvq_set_tail): a kernel instance each
             if (a.tail) __atomic_add_fetch(&mi_mmvq_tail_count, 1, __ATOMIC_RELAXED);
             switch (a.tail) {
             case 1: return mi_launch(mi_mmvq_pair_kernel<T, NT, 1>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes,
