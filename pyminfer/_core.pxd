@@ -45,7 +45,6 @@ cdef extern from "pyminfer.h" nogil:
     uint64_t mi_cuda_mmq_wide_launches()
     uint64_t mi_cuda_mmvq_mma_launches()
     uint64_t mi_cuda_mmvq_pair_launches()
-    uint64_t mi_cuda_mmvq_tail_launches()
     uint64_t mi_cuda_mmvq_mma_split_launches()
     uint64_t mi_cuda_attn_pair_launches()
     int mi_cuda_op_attention_prefill(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *pos,

@@ -109,13 +109,6 @@ def mmvq_pair_launches() -> int:
     return mi_cuda_mmvq_pair_launches()
 
 
-def mmvq_tail_launches() -> int:
-    """Mat-vec launches that took a tail-split kernel instance (a row's last-pass terms formed by threads
-    that idled there; native/cuda/mmvq_kernels.cuh, MI_CUDA_MMVQ_TAIL) in this process so far, graph
-    replays not counted; 0 without CUDA. For tests."""
-    return mi_cuda_mmvq_tail_launches()
-
-
 def mmvq_mma_split_launches() -> int:
     """Of mmvq_mma_launches, those split over a thread block cluster a 16-row tile (sm_90+,
     MI_CUDA_MMVQ_MMA_SPLIT); 0 without CUDA. For tests: which launch shape ran."""

@@ -117,91 +117,6 @@ def test_mmvq_pair_kernel_bitwise(typ, n_rows, n_cols, mmvq, monkeypatch):
     assert nmse(ones, matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
 
 
-def tail_kind(mode, n_cols):
-    """The tail split mmvq.cu's mi_mmvq_set_tail gives a block-kernel matrix of n_cols columns under
-    MI_CUDA_MMVQ_TAIL=mode: 2 cross-warp (rows on 128 threads, a last pass of 1..32 chunks), 1 in-warp (a
-    warp with 1..16 chunks in its last pass), 0 none."""
-    nchunks = n_cols // 32
-    tpr = 128 // (4 if nchunks <= 64 else 2 if nchunks <= 128 else 1)
-    rem = nchunks % tpr
-    if mode & 2 and tpr == 128 and nchunks > 128 and 1 <= rem <= 32:
-        return 2
-    return 1 if mode & 1 and 1 <= rem % 32 <= 16 else 0
-
-
-@pytest.mark.parametrize("pair", ["0", "1"])
-@pytest.mark.parametrize("n_cols", [256, 512, 896, 1536, 3584, 4864, 5120, 5632, 7680, 8960, 18944])
-@pytest.mark.parametrize("typ", [bg.Q4_0, bg.Q5_0, bg.Q8_0, bg.Q4_K, bg.Q5_K, bg.Q6_K], ids=lambda t: bg.NAMES[t])
-def test_mmvq_tail_split_bitwise(typ, n_cols, pair, monkeypatch):
-    """The tail splits (MI_CUDA_MMVQ_TAIL: 1 in-warp, 2 cross-warp, 3 = both; 0 / unset: off) form a
-    row's last-pass terms on threads that idled there: in-warp for rows of 8 / 16 / 48 chunks on 32
-    threads, 112 on 64, 176 / 240 / 592 on 128 (the partial warp 1 / 3 / 2); cross-warp for 152 / 160 /
-    280 chunks on 128; 28 chunks: none. The block and pair kernels give the bits of the unsplit kernels
-    (0), nt = 1..8, 37 rows (a partial last block), and the CPU's within the usual bound; the launch
-    counter proves a split instance ran (plain launches of nt >= 2: a one-row thread at nt = 1 has
-    nothing to share)."""
-    if n_cols % 256 and typ in (bg.Q4_K, bg.Q5_K, bg.Q6_K):
-        pytest.skip("K-quant rows are whole 256-wide blocks")
-    monkeypatch.setenv("MI_CUDA_MMVQ", "0")  # the block kernel for every row length
-    monkeypatch.setenv("MI_CUDA_MMVQ_MMA", "0")
-    monkeypatch.setenv("MI_CUDA_MMVQ_PAIR", pair)
-    rng = np.random.default_rng(typ * 31 + n_cols)
-    n_rows = 37
-    w = bg.random_weights(rng, typ, n_rows, n_cols)
-    x = rng.standard_normal((8, n_cols)).astype(np.float32)
-    out = {}
-    for tail in ("0", "1", "2", "3"):
-        monkeypatch.setenv("MI_CUDA_MMVQ_TAIL", tail)
-        n0 = core.mmvq_tail_launches()
-        out[tail] = [matmul(1, typ, w, n_rows, n_cols, x[:nt]) for nt in range(1, 9)]
-        assert core.mmvq_tail_launches() - n0 == (7 if tail_kind(int(tail), n_cols) else 0), tail
-    ones = np.concatenate([matmul(1, typ, w, n_rows, n_cols, x[i:i + 1]) for i in range(8)])  # tail 3
-    for nt in range(1, 9):
-        for tail in ("1", "2", "3"):
-            assert np.array_equal(out[tail][nt - 1], out["0"][nt - 1]), (bg.NAMES[typ], n_cols, nt, tail)
-        assert np.array_equal(out["3"][nt - 1], ones[:nt]), (bg.NAMES[typ], n_cols, nt)
-    assert nmse(ones, matmul(0, typ, w, n_rows, n_cols, x)) < 1e-10
-
-
-TAIL_SHAPES = {  # model shapes whose matrices take the tail splits
-    "small": {},  # rows of 8 / 16 chunks: in-warp everywhere (32 threads a row)
-    # rows of 112 chunks on 64 threads (in-warp, warp 1: GLU gate / up, the mixed q/k/v launch, o) and
-    # ffn_down's 152 on 128 (cross-warp: pair rows at nt >= 2; a one-row launch at nt = 1 has no split)
-    "wide": dict(n_embd=3584, n_ff=4864, n_head=28, head_dim=128, n_head_kv=4),
-    # rows of 160 chunks (cross-warp: GLU gate / up, the mixed q/k/v launch, o) and ffn_down's 48 (in-warp)
-    "wider": dict(n_embd=5120, n_ff=1536, n_head=40, head_dim=128, n_head_kv=8),
-}
-
-
-@pytest.mark.parametrize("nt", [1, 4, 9])
-@pytest.mark.parametrize("mix", ["q4_k_m", "q5_0+q8_0"])
-@pytest.mark.parametrize("shape", list(TAIL_SHAPES))
-def test_forward_tail_split_bitwise(shape, nt, mix, monkeypatch):
-    """Whole forwards under each MI_CUDA_MMVQ_TAIL mode, on the block kernel for every matrix
-    (MI_CUDA_MMVQ=0; the mixed q/k/v launch with its fused RoPE, GLU gate / up, pair and one-row
-    launches; TAIL_SHAPES): the same logits and argmax, bit for bit (nt = 9: mat-vec groups of 8 + 1),
-    and split instances did run in the context."""
-    if mix.startswith("q5_0") and shape != "small":
-        pytest.skip("one type mix is enough for the wide shapes")
-    monkeypatch.setenv("MI_CUDA_MMVQ", "0")
-    types = bg.qwen05_types(SMALL["n_layer"]) if mix.startswith("q5_0") else bg.qwen_types(SMALL["n_layer"])
-    model = small_model(17, types=types, **TAIL_SHAPES[shape])
-    prompt = list(np.random.default_rng(17).integers(0, SMALL["n_vocab"], 10))
-    n0 = core.mmvq_tail_launches()
-    out = batch_under_env(monkeypatch, "MI_CUDA_MMVQ_TAIL", ("0",), model, prompt, list(range(3, 3 + nt)))
-    assert core.mmvq_tail_launches() == n0  # mode 0: no split instance
-    for mode in ("1", "2", "3"):
-        if mode == "2" and shape == "small":
-            continue  # no cross-warp shape there
-        n0 = core.mmvq_tail_launches()
-        got = batch_under_env(monkeypatch, "MI_CUDA_MMVQ_TAIL", (mode,), model, prompt, list(range(3, 3 + nt)))[0]
-        # the context captures its graphs for nt = 1..9 at creation (launches, counted; replays are not):
-        # every shape has a split for each mode run here at some nt, so the count must grow
-        assert core.mmvq_tail_launches() > n0, mode
-        assert np.array_equal(out[0][0], got[0]) and np.array_equal(out[0][1], got[1]), mode
-    assert np.std(out[0][0]) > 0.1
-
-
 @pytest.mark.parametrize("typ", [bg.Q4_K, bg.Q5_0], ids=lambda t: bg.NAMES[t])
 def test_mmvq_pair_rows_bound(typ, monkeypatch):
     """MI_CUDA_MMVQ_PAIR_ROWS unset: only block-kernel matrices of >= 1024 rows take the pair kernel
@@ -1154,7 +1069,6 @@ def test_attention_grouped_blocks_bitwise_equal_per_head(shape, monkeypatch):
                                      ("MI_CUDA_ATTN_SPLITS", "0"), ("MI_CUDA_MMVQ", "5"), ("MI_CUDA_MMVQ", "x"),
                                      ("MI_CUDA_MMVQ_PAIR", "2"), ("MI_CUDA_MMVQ_PAIR", "on"), ("MI_CUDA_NORM_PRE", "8"),
                                      ("MI_CUDA_MMVQ_PAIR_ROWS", "-1"), ("MI_CUDA_MMVQ_PAIR_ROWS", "1k"),
-                                     ("MI_CUDA_MMVQ_TAIL", "4"), ("MI_CUDA_MMVQ_TAIL", "on"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "0"), ("MI_CUDA_MMVQ_WARP_ROWS", "4k"),
                                      ("MI_CUDA_MMVQ_WARP_ROWS", "+12"),
                                      ("MI_CUDA_ATTN_GROUP", "2"), ("MI_CUDA_ATTN_GROUP", "1x"),
@@ -1190,7 +1104,7 @@ def test_bad_graphs_switch_is_refused(val, monkeypatch):
 
 @pytest.mark.parametrize("var", ["MI_CUDA_ATTN_MMA", "MI_CUDA_ATTN_MMA_FROM", "MI_CUDA_ATTN_COMBINE_FROM",
                                  "MI_CUDA_MMVQ_WARP_ROWS", "MI_CUDA_NORM_PRE", "MI_CUDA_ATTN_HINT", "MI_CUDA_MMVQ_PAIR",
-                                 "MI_CUDA_MMVQ_PAIR_ROWS", "MI_CUDA_MMVQ_TAIL",
+                                 "MI_CUDA_MMVQ_PAIR_ROWS",
                                  "MI_CUDA_FUSE", "MI_CUDA_MMQ", "MI_CUDA_ROPE_FUSE",
                                  "MI_CUDA_QKV_STACK", "MI_CUDA_PDL", "MI_CUDA_PROFILE", "MI_CUDA_MMQ_SPLITS"])
 def test_empty_tuning_environment_is_unset(var, monkeypatch):

@@ -76,7 +76,6 @@ int mi_cuda_op_mmq(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, 
 uint64_t mi_cuda_mmq_wide_launches(void) { return 0; }
 uint64_t mi_cuda_mmvq_mma_launches(void) { return 0; }
 uint64_t mi_cuda_mmvq_pair_launches(void) { return 0; }
-uint64_t mi_cuda_mmvq_tail_launches(void) { return 0; }
 uint64_t mi_cuda_mmvq_mma_split_launches(void) { return 0; }
 uint64_t mi_cuda_attn_pair_launches(void) { return 0; }
 int mi_cuda_op_attention_prefill(const float *q, const uint16_t *k, const uint16_t *v, const int32_t *pos, int32_t nt,

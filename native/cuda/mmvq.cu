@@ -88,29 +88,8 @@ static int mi_mmvq_pair_mode() {
 // warp kernel's matrices (>= 4096 rows by default) are not affected.
 #define MI_MMVQ_PAIR_ROWS 1024
 static int64_t mi_mmvq_pair_rows() { return mi_env_rows("MI_CUDA_MMVQ_PAIR_ROWS", MI_MMVQ_PAIR_ROWS, 0); }
-// MI_CUDA_MMVQ_TAIL (read at every call, like MI_CUDA_MMVQ_PAIR): bit 1 = the dp4a block and pair
-// kernels split a warp's last pass of 1..16 chunks over both half-warps, bit 2 = a 128-thread row's
-// last pass of 1..32 chunks (all in warp 0) is formed by warps 1 and 2 (mmvq_kernels.cuh, "Tail
-// splits"); the same bits either way, a term formed by another thread. 0 / unset = neither: the
-// kernels as they were (built session 35 without a GPU; default off until timed on the H200, see
-// docs/perf.md); 3 = both.
-// Sets a.tail, the tail split a block-kernel launch over rows of nchunks chunks takes (mmvq_kernels.cuh:
-// 0 none, 1 in-warp, 2 cross-warp; a.rpb set): a function of the matrix only, like rpb, so a row's
-// kernel instance may differ with it but never its bits. MI_ERR_ARG for a malformed MI_CUDA_MMVQ_TAIL.
-static int mi_mmvq_set_tail(mi_mmvq_args &a, int64_t nchunks) {
-    const int64_t mode = mi_env_rows("MI_CUDA_MMVQ_TAIL", 0, 0);
-    if (mode < 0 || mode > 3) return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_TAIL=%s: want 0..3", getenv("MI_CUDA_MMVQ_TAIL"));
-    const int tpr = 128 / a.rpb, rem = (int)(nchunks % tpr);
-    a.tail = a.warp                                                  ? 0
-             : (mode & 2) && mi_mmvq_xtail_fits((int)nchunks, tpr) ? 2
-             : (mode & 1) && rem % 32 >= 1 && rem % 32 <= 16       ? 1 // the last partial warp holds 1..16
-                                                                     : 0;
-    return MI_OK;
-}
 uint64_t mi_mmvq_pair_count = 0;
 extern "C" uint64_t mi_cuda_mmvq_pair_launches(void) { return __atomic_load_n(&mi_mmvq_pair_count, __ATOMIC_RELAXED); }
-uint64_t mi_mmvq_tail_count = 0;
-extern "C" uint64_t mi_cuda_mmvq_tail_launches(void) { return __atomic_load_n(&mi_mmvq_tail_count, __ATOMIC_RELAXED); }
 static int mi_mmvq_warps(int mode, int64_t nchunks, int64_t n_rows, int64_t warp_rows) {
     const int by_len = nchunks > 256 ? 4 : nchunks > 128 ? 2 : 1;
     switch (mode) {
@@ -202,7 +181,6 @@ int mi_cuda_mmvq_seg(const mi_dtensor *w, const mi_dtensor *w_up, const mi_block
     if (pair_rows < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_PAIR_ROWS=%s: want a row count >= 0", getenv("MI_CUDA_MMVQ_PAIR_ROWS"));
     if (!a.warp && w->n_rows < pair_rows) a.pair = 0;
-    if (const int rc = mi_mmvq_set_tail(a, nchunks)) return rc;
     const int mma_from = mi_mmvq_mma_from(a.warp > 0);
     if (mma_from < 0)
         return mi_set_error(MI_ERR_ARG, "MI_CUDA_MMVQ_MMA=%s: want 0 (off) or 2..8 (fewest activation rows)",
@@ -255,7 +233,6 @@ int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_bloc
     a.rpb = mi_rows_per_block(w0->n_cols / 32);
     a.warp = 0;
     a.pair = 0;
-    if (const int rc = mi_mmvq_set_tail(a, w0->n_cols / 32)) return rc;
     return mi_mmvq_groups(a, xq, nullptr, ldx, nt, out, [&](int g, const mi_mmvq_args &ga) {
         const cudaError_t e = mi_mmvq_mixed_launch(w0->type, w1->type, g, ga, w1->data, w1->row_bytes, (int)w1->n_rows, s);
         return e == cudaSuccess ? MI_OK : mi_set_error(MI_ERR_CUDA, "launch mmvq (mixed): %s", cudaGetErrorString(e));

@@ -59,14 +59,6 @@ bool mi_cuda_mmvq_mixed_applies(const mi_dtensor *w0, const mi_dtensor *w1);
 int mi_cuda_mmvq_mixed(const mi_dtensor *w0, const mi_dtensor *w1, const mi_block_q8a *xq, int64_t ldx, int nt,
                        const mi_mmvq_out *out, int accumulate, cudaStream_t s);
 
-// Whether rows of nchunks chunks on tpr threads (the block kernel's 128 / rpb) have the cross-warp tail
-// split's shape (mmvq_kernels.cuh, TAIL = 2): all 128 threads of a block on one row, and a last pass
-// of 1..32 chunks, all in warp 0. A function of the matrix, so every block of a launch alike.
-__host__ __device__ inline bool mi_mmvq_xtail_fits(int nchunks, int tpr) {
-    const int rem = nchunks % tpr;
-    return tpr == 128 && nchunks > tpr && rem > 0 && rem <= 32;
-}
-
 // One launch's arguments (host side): w0/w1 [n_rows][row_bytes] device weights (w1: SwiGLU up or
 // NULL), xq [nt][ldx/32] q8a or xf [nt][ldx] f32 activations, rpb rows per 128-thread block,
 // warp = warps per row for the warp kernel (0: block kernel).
@@ -80,12 +72,9 @@ struct mi_mmvq_args {
     mi_mmvq_out os;
     int accumulate, rpb, warp;
     int pair; // the pair kernel for plain launches of nt >= 2 on the block kernel (MI_CUDA_MMVQ_PAIR)
-    int tail; // the block / pair kernels' tail split: 0 none, 1 in-warp, 2 cross-warp (mi_mmvq_set_tail)
 };
 // Launches of the pair kernel so far (mi_cuda_mmvq_pair_launches; host side, graph replays not counted).
 extern uint64_t mi_mmvq_pair_count;
-// Launches of a tail-split instance (a.tail != 0) so far (mi_cuda_mmvq_tail_launches; host side).
-extern uint64_t mi_mmvq_tail_count;
 template <int T> cudaError_t mi_mmvq_launch_type(bool glu, int nt, const mi_mmvq_args &a, cudaStream_t s);
 // The tensor-core verify kernel (mmvq_mma.cu): whether it serves a matrix (q4_K, rows a multiple of
 // 16, no fused RoPE), and the launch of one group of 2 <= nt <= 8 rows: the same bits, row by row,

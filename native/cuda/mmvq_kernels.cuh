@@ -183,15 +183,6 @@ template <int T> __device__ __forceinline__ void mi_load_dp(const uint8_t *b, in
     }
 }
 
-// One chunk's term against one activation block a (the chunk's own block of one activation row): the
-// term mi_chunk_dot adds. (mi_chunk_dot keeps its own copy of these lines: written through this helper
-// the compiler schedules the default kernels' loads differently, a speed change nobody measured.)
-template <int T>
-__device__ __forceinline__ float mi_chunk_term_q8a(const mi_chunk &ch, int qsh, const mi_block_q8a *a) {
-    const int2 *aq = (const int2 *)a->qs;
-    return mi_chunk_term<T>(ch.dw, ch.mw, a->d, a->s, mi_chunk_isum<T>(ch, qsh, aq[0], aq[1], aq[2], aq[3]));
-}
-
 template <int T, int NT>
 __device__ __forceinline__ void mi_chunk_dot(const mi_chunk &ch, int qsh, int c, const mi_block_q8a *xq, int64_t ldxb,
                                              float *acc) {
@@ -226,122 +217,6 @@ __device__ __forceinline__ void mi_chunk_dot2(const mi_chunk &ca, const mi_chunk
         const float ad = a->d, as = a->s;
         acca[t] = __fadd_rn(acca[t], mi_chunk_term<T>(ca.dw, ca.mw, ad, as, mi_chunk_isum<T>(ca, qsh, a0, a1, a2, a3)));
         accb[t] = __fadd_rn(accb[t], mi_chunk_term<T>(cb.dw, cb.mw, ad, as, mi_chunk_isum<T>(cb, qsh, a0, a1, a2, a3)));
-    }
-}
-
-// Tail splits (the kernels' TAIL parameter, chosen per launch by mmvq.cu's mi_mmvq_set_tail;
-// MI_CUDA_MMVQ_TAIL): a row's last pass over its chunks leaves threads idle, and other threads can form
-// those terms: a term is a function of its chunk and rows alone, and the thread that owns the slot
-// still adds every term to the same accumulator in the same order, so the same bits. TAIL = 0: no
-// split (the kernels as they were).
-// TAIL = 1, in-warp: a warp with 1..16 chunks left in its last pass (the 1.5B shape's rows of 48
-// chunks on 32 threads, the 7B's of 112 on 64 and its ffn_down's 592 on 128) keeps lanes 16..31
-// idle while lanes 0..15 do all the work. Lane l + 16 forms half of lane l's terms (the second row of
-// a GLU / pair thread, or the upper half of the NT activation rows of a one-row thread) and hands
-// them over by a shuffle. Both halves run one instruction stream (the row and activation pointers
-// differ, not the code path), so the warp issues the pass's work once instead of twice.
-// mi_tail_slot: this lane's tail chunk (c) and whether it has one, for the warp whose row slots
-// start at j - lane; false (no split) unless 1..16 chunks are left in that warp's last pass.
-__device__ __forceinline__ bool mi_tail_slot(int nchunks, int tpr, int j, int &c, bool &has) {
-    const int lane = j % 32, nfull = nchunks - nchunks % tpr, rem = nchunks - nfull - (j - lane);
-    c = nfull + (j - lane) + lane % 16;
-    has = lane % 16 < rem;
-    return rem > 0 && rem <= 16;
-}
-
-// TAIL = 2, cross-warp: rows on all 128 threads of a block (rows of > 128 chunks: the 0.5B / 1.5B
-// shapes' ffn_down, 152 / 280 chunks, the 14B's k / v, 160) whose last pass holds 1..32 chunks, all in
-// warp 0, while warps 1..3 idle there. Warps 1 and 2 form those terms (row 0's and row 1's of a two-row
-// thread; activation rows [0, NA) and [NA, NT) of a one-row thread) into shared memory and, after a
-// block barrier, warp 0's lanes add them as their last terms (the shape: mi_mmvq_xtail_fits, mmvq.cuh).
-
-// MI_MMVQ_TAIL_PRELOAD (compile time, A/B timing): 1 (default) loads the chunk a thread forms for another
-// before its chunk loop, in flight with the loop's loads (as the unsplit loop's unrolled pair had both of a
-// lane's chunks), at the cost of registers (q4_K, ptxas sm_90, in-warp instances: GLU nt = 4 72 -> 96, pair
-// nt = 4 72 -> 96); 0 loads it after the loop (GLU / pair nt = 4 72 / 72: one more memory round trip).
-#ifndef MI_MMVQ_TAIL_PRELOAD
-#define MI_MMVQ_TAIL_PRELOAD 1
-#endif
-
-// The cross-warp tail's slot for this thread: the chunk c = nfull + lane that warps 1 and 2 form (has)
-// and warp 0's lane adds.
-__device__ __forceinline__ void mi_xtail_slot(int nchunks, int &c, bool &has) {
-    const int w = threadIdx.x / 32;
-    c = nchunks - nchunks % MI_MMVQ_THREADS + threadIdx.x % 32;
-    has = (w == 1 || w == 2) && c < nchunks;
-}
-
-// The cross-warp tail of one block (every thread calls it: a barrier). ch / qsh: the chunk c of its row
-// (warp 1: row 0, warp 2: row 1 when TWO, else row 0) that mi_xtail_slot gave a thread of warps 1, 2
-// (has). TWO: two rows a thread (GLU gate / up, pair rows a / b); else one row and NT >= 2.
-template <int T, int NT, bool TWO>
-__device__ __forceinline__ void mi_xtail(const mi_chunk &ch, int qsh, int c, bool has, int nchunks, const mi_block_q8a *xq,
-                                         int64_t ldxb, float *acc0, float *acc1) {
-    __shared__ float tl[TWO ? 2 : 1][NT][32]; // [row][activation row][warp 0's lane]: the terms
-    constexpr int NA = TWO ? NT : (NT + 1) / 2;
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    if (has) {
-        const int off = TWO || w == 1 ? 0 : NA;
-#pragma unroll
-        for (int i = 0; i < NA; i++) {
-            const int t = i + off;
-            if (t < NT) tl[TWO ? w - 1 : 0][t][l] = mi_chunk_term_q8a<T>(ch, qsh, xq + (int64_t)t * ldxb + c);
-        }
-    }
-    __syncthreads();
-    if (w == 0 && c < nchunks)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            acc0[t] = __fadd_rn(acc0[t], tl[0][t][l]);
-            if (TWO) acc1[t] = __fadd_rn(acc1[t], tl[TWO ? 1 : 0][t][l]);
-        }
-}
-
-// The chunk loop's end for a thread whose warp takes the tail split: the whole passes only.
-__device__ __forceinline__ int mi_tail_end(bool split, int nchunks, int tpr) {
-    return split ? nchunks - nchunks % tpr : nchunks;
-}
-
-// Two rows a thread (GLU gate / up, pair rows a / b): lane l formed row 0's terms of its tail chunk,
-// lane l + 16 row 1's (ch: that lane's chunk of its row); lane l adds both. Every lane of the warp
-// calls it (the shuffle).
-template <int T, int NT>
-__device__ __forceinline__ void mi_tail_two(const mi_chunk &ch, int qsh, int c, bool has, const mi_block_q8a *xq,
-                                            int64_t ldxb, float *acc0, float *acc1) {
-    float v[NT]; // -0 + term == term exactly (either sign of zero), so v holds the terms themselves
-#pragma unroll
-    for (int t = 0; t < NT; t++) v[t] = -0.0f;
-    if (has) mi_chunk_dot<T, NT>(ch, qsh, c, xq, ldxb, v);
-    const bool lo = threadIdx.x % 32 < 16;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float u = __shfl_down_sync(MI_FULL_MASK, v[t], 16);
-        if (lo && has) {
-            acc0[t] = __fadd_rn(acc0[t], v[t]);
-            acc1[t] = __fadd_rn(acc1[t], u);
-        }
-    }
-}
-
-// One row a thread, NT >= 2: lane l forms the terms of activation rows [0, NA) of its tail chunk,
-// lane l + 16 those of rows [NA, NT) (the same chunk; for odd NT its last slot repeats row NT - 1,
-// dropped); lane l adds all NT in row order. Every lane of the warp calls it.
-template <int T, int NT>
-__device__ __forceinline__ void mi_tail_one(const mi_chunk &ch, int qsh, int c, bool has, const mi_block_q8a *xq,
-                                            int64_t ldxb, float *acc) {
-    constexpr int NA = (NT + 1) / 2;
-    const bool lo = threadIdx.x % 32 < 16;
-    const int off = lo ? 0 : NA;
-    float v[NA]; // the terms (lanes without a chunk: 0, never added)
-#pragma unroll
-    for (int i = 0; i < NA; i++) v[i] = has ? mi_chunk_term_q8a<T>(ch, qsh, xq + (int64_t)min(i + off, NT - 1) * ldxb + c) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < NA; i++) {
-        const float u = __shfl_down_sync(MI_FULL_MASK, v[i], 16);
-        if (lo && has) {
-            acc[i] = __fadd_rn(acc[i], v[i]);
-            if (NA + i < NT) acc[NA + i] = __fadd_rn(acc[NA + i], u);
-        }
     }
 }
 
@@ -450,7 +325,7 @@ __device__ __forceinline__ void mi_group_quant(const mi_mmvq_out &os, int r0, in
 // virtual row r is matrix row mi_act_row(os, r) - row_off of w0 (w1). row_off != 0: the second,
 // differently typed part of a mixed q/k/v launch (mi_mmvq_mixed_kernel), whose rows follow the
 // first part's in the output segments.
-template <int T, int NT, bool GLU, int TAIL = 0>
+template <int T, int NT, bool GLU>
 __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1,
                                               int64_t row_bytes, int row_off, int n_rows, int nchunks,
                                               const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out &os,
@@ -469,38 +344,12 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
     if (r < n_rows) {
         const uint8_t *row0 = w0 + (int64_t)(ra - row_off) * row_bytes;
         const uint8_t *row1 = GLU ? w1 + (int64_t)(ra - row_off) * row_bytes : nullptr;
-        // The tail splits (a one-row thread needs NT >= 2 to share): the chunk this thread forms for
-        // another (in-warp: lane l + 16 row 1's, lane l row 0's; cross-warp: warp 1 row 0's, warp 2
-        // row 1's) is loaded before the loop, so that its load is in flight with the loop's, as the
-        // unsplit loop's unrolled pair had them.
-        int ct = 0;
-        bool has = false;
-        const bool xs = TAIL == 2 && (GLU || NT >= 2) && mi_mmvq_xtail_fits(nchunks, tpr); // the whole block
-        const bool split = TAIL == 1 && (GLU || NT >= 2) && mi_tail_slot(nchunks, tpr, j, ct, has);
-        if (xs) mi_xtail_slot(nchunks, ct, has);
-        mi_chunk cht;
-        int qsht = 0;
-        const auto load_tail = [&]() {
-            if ((split || xs) && has) {
-                const bool second = GLU && (xs ? threadIdx.x / 32 == 2 : threadIdx.x % 32 >= 16);
-                mi_load_dp<T>((second ? row1 : row0) + (int64_t)(ct / mi_qt<T>::CPB) * mi_qt<T>::BB,
-                              ct % mi_qt<T>::CPB, cht, qsht);
-            }
-        };
-        if (MI_MMVQ_TAIL_PRELOAD) load_tail();
-        const int cend = mi_tail_end(split || xs, nchunks, tpr);
         // Two chunks per step so their loads are in flight together (order of the sum unchanged).
 #pragma unroll 2
-        for (int c = j; c < cend; c += tpr) {
+        for (int c = j; c < nchunks; c += tpr) {
             mi_row_chunk<T, NT>(row0, c, xq, ldxb, acc);
             if (GLU) mi_row_chunk<T, NT>(row1, c, xq, ldxb, acc1);
         }
-        if (!MI_MMVQ_TAIL_PRELOAD) load_tail();
-        if (split) {
-            if (GLU) mi_tail_two<T, NT>(cht, qsht, ct, has, xq, ldxb, acc, acc1);
-            else mi_tail_one<T, NT>(cht, qsht, ct, has, xq, ldxb, acc);
-        }
-        if (xs) mi_xtail<T, NT, GLU>(cht, qsht, ct, has, nchunks, xq, ldxb, acc, acc1); // one row a block: uniform
     }
     mi_row_reduce<NT>(acc, tpr, sh[0]);
     if (GLU) mi_row_reduce<NT>(acc1, tpr, sh[GLU ? 1 : 0]);
@@ -511,11 +360,11 @@ __device__ __forceinline__ void mi_mmvq_block(const uint8_t *__restrict__ w0, co
     if (os.yq) mi_group_quant<NT>(os, blockIdx.x * rpb, rpb);
 }
 
-template <int T, int NT, bool GLU, int TAIL = 0>
+template <int T, int NT, bool GLU>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_kernel(const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1, int64_t row_bytes, int n_rows,
                    int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate, int rpb) {
-    mi_mmvq_block<T, NT, GLU, TAIL>(w0, w1, row_bytes, 0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
+    mi_mmvq_block<T, NT, GLU>(w0, w1, row_bytes, 0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
 }
 
 // Pair kernel (by default for plain block-kernel launches of nt >= 2: no GLU, fused RoPE or
@@ -527,7 +376,7 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 // GPU ms a forward (docs/perf.md, session 31): 1.5B shape nt = 4 1.411 -> 1.267, nt = 8 1.752 ->
 // 1.719; 7B nt = 4 3.670 -> 3.362, nt = 8 5.149 -> 4.823; 0.5B within +-1.3%. (The warp kernel's
 // matrices, the 14B shape's, take mi_mmvq_warp_pair_kernel: nt = 4 7.087 -> 6.389.)
-template <int T, int NT, int TAIL = 0>
+template <int T, int NT>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_pair_kernel(const uint8_t *__restrict__ w0, int64_t row_bytes, int n_rows, int nchunks,
                         const mi_block_q8a *__restrict__ xq, int64_t ldxb, const mi_mmvq_out os, int accumulate,
@@ -546,32 +395,14 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
         constexpr int CPB = mi_qt<T>::CPB, BB = mi_qt<T>::BB;
         const uint8_t *rowa = w0 + (int64_t)ra * row_bytes;
         const uint8_t *rowb = w0 + (int64_t)(rb < n_rows ? rb : ra) * row_bytes; // no row b: a again, dropped
-        int ct = 0; // the tail splits, as in mi_mmvq_block (row b: lane l + 16 in-warp, warp 2 cross-warp)
-        bool has = false;
-        const bool xs = TAIL == 2 && mi_mmvq_xtail_fits(nchunks, tpr); // the whole block
-        const bool split = TAIL == 1 && mi_tail_slot(nchunks, tpr, j, ct, has);
-        if (xs) mi_xtail_slot(nchunks, ct, has);
-        mi_chunk cht;
-        int qsht = 0;
-        const auto load_tail = [&]() {
-            if ((split || xs) && has) {
-                const bool second = xs ? threadIdx.x / 32 == 2 : threadIdx.x % 32 >= 16;
-                mi_load_dp<T>((second ? rowb : rowa) + (int64_t)(ct / CPB) * BB, ct % CPB, cht, qsht);
-            }
-        };
-        if (MI_MMVQ_TAIL_PRELOAD) load_tail();
-        const int cend = mi_tail_end(split || xs, nchunks, tpr);
 #pragma unroll 2
-        for (int c = j; c < cend; c += tpr) {
+        for (int c = j; c < nchunks; c += tpr) {
             mi_chunk cha, chb;
             int qsh; // the same for both rows (a function of c)
             mi_load_dp<T>(rowa + (int64_t)(c / CPB) * BB, c % CPB, cha, qsh);
             mi_load_dp<T>(rowb + (int64_t)(c / CPB) * BB, c % CPB, chb, qsh);
             mi_chunk_dot2<T, NT>(cha, chb, qsh, c, xq, ldxb, acca, accb);
         }
-        if (!MI_MMVQ_TAIL_PRELOAD) load_tail();
-        if (split) mi_tail_two<T, NT>(cht, qsht, ct, has, xq, ldxb, acca, accb);
-        if (xs) mi_xtail<T, NT, true>(cht, qsht, ct, has, nchunks, xq, ldxb, acca, accb); // rows a, b of one block
     }
     mi_row_reduce<NT>(acca, tpr, sh[0]);
     mi_row_reduce<NT>(accb, tpr, sh[1]);
@@ -583,15 +414,15 @@ __global__ void __launch_bounds__(MI_MMVQ_THREADS)
 // [n_rows0, n_rows) rows of w1 (type T1: v), in one launch instead of two. n_rows0 is a multiple
 // of rpb, so each block serves one part and runs that part's block-kernel body unchanged: the
 // same bits as the two launches (mi_cuda_mmvq_mixed).
-template <int T0, int T1, int NT, int TAIL = 0>
+template <int T0, int T1, int NT>
 __global__ void __launch_bounds__(MI_MMVQ_THREADS)
     mi_mmvq_mixed_kernel(const uint8_t *__restrict__ w0, int64_t row_bytes0, int n_rows0, const uint8_t *__restrict__ w1,
                          int64_t row_bytes1, int n_rows, int nchunks, const mi_block_q8a *__restrict__ xq, int64_t ldxb,
                          const mi_mmvq_out os, int accumulate, int rpb) {
     if ((int)blockIdx.x * rpb < n_rows0)
-        mi_mmvq_block<T0, NT, false, TAIL>(w0, nullptr, row_bytes0, 0, n_rows0, nchunks, xq, ldxb, os, accumulate, rpb);
+        mi_mmvq_block<T0, NT, false>(w0, nullptr, row_bytes0, 0, n_rows0, nchunks, xq, ldxb, os, accumulate, rpb);
     else
-        mi_mmvq_block<T1, NT, false, TAIL>(w1, nullptr, row_bytes1, n_rows0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
+        mi_mmvq_block<T1, NT, false>(w1, nullptr, row_bytes1, n_rows0, n_rows, nchunks, xq, ldxb, os, accumulate, rpb);
 }
 
 // Warp-per-row kernel (MI_CUDA_MMVQ=1 or 2; by default for rows of > 128 chunks in matrices of >= 4096 rows,
@@ -807,33 +638,11 @@ template <int T, int NT, bool GLU> cudaError_t mi_launch_one(const mi_mmvq_args 
                          a.w1, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.warp);
     else if (NT >= 2 && !GLU && a.pair && !a.os.any_rope && !a.os.yq) {
         __atomic_add_fetch(&mi_mmvq_pair_count, 1, __ATOMIC_RELAXED);
-        const int pgrid = (a.n_rows + 2 * a.rpb - 1) / (2 * a.rpb);
-        if constexpr (NT >= 2) { // the tail split (mi_mmvq_set_tail): a kernel instance each
-            if (a.tail) __atomic_add_fetch(&mi_mmvq_tail_count, 1, __ATOMIC_RELAXED);
-            switch (a.tail) {
-            case 1: return mi_launch(mi_mmvq_pair_kernel<T, NT, 1>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes,
-                                     a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-            case 2: return mi_launch(mi_mmvq_pair_kernel<T, NT, 2>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes,
-                                     a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-            default: break;
-            }
-        }
-        return mi_launch(mi_mmvq_pair_kernel<T, NT>, pgrid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes, a.n_rows,
-                         a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-    } else {
-        if constexpr (GLU || NT >= 2) { // (one-row threads of NT = 1 have no split)
-            if (a.tail) __atomic_add_fetch(&mi_mmvq_tail_count, 1, __ATOMIC_RELAXED);
-            switch (a.tail) {
-            case 1: return mi_launch(mi_mmvq_kernel<T, NT, GLU, 1>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes,
-                                     a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-            case 2: return mi_launch(mi_mmvq_kernel<T, NT, GLU, 2>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes,
-                                     a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-            default: break;
-            }
-        }
+        return mi_launch(mi_mmvq_pair_kernel<T, NT>, (a.n_rows + 2 * a.rpb - 1) / (2 * a.rpb), MI_MMVQ_THREADS, s,
+                         a.w0, a.row_bytes, a.n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
+    } else
         return mi_launch(mi_mmvq_kernel<T, NT, GLU>, grid, MI_MMVQ_THREADS, s, a.w0, a.w1, a.row_bytes, a.n_rows,
                          a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-    }
 }
 
 template <int T, bool GLU> cudaError_t mi_launch_nt(int nt, const mi_mmvq_args &a, cudaStream_t s) {

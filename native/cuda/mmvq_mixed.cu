@@ -7,18 +7,10 @@
 namespace {
 template <int T0, int T1, int NT>
 cudaError_t mi_mixed_one(const mi_mmvq_args &a, const uint8_t *w1, int64_t row_bytes1, int n_rows1, cudaStream_t s) {
-    const int n_rows = a.n_rows + n_rows1, grid = (n_rows + a.rpb - 1) / a.rpb;
-    if constexpr (NT >= 2) { // the tail split (mmvq_kernels.cuh), a kernel instance each
-        if (a.tail) __atomic_add_fetch(&mi_mmvq_tail_count, 1, __ATOMIC_RELAXED);
-        if (a.tail == 1)
-            return mi_launch(mi_mmvq_mixed_kernel<T0, T1, NT, 1>, grid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes, a.n_rows,
-                             w1, row_bytes1, n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-        if (a.tail == 2)
-            return mi_launch(mi_mmvq_mixed_kernel<T0, T1, NT, 2>, grid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes, a.n_rows,
-                             w1, row_bytes1, n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
-    }
-    return mi_launch(mi_mmvq_mixed_kernel<T0, T1, NT>, grid, MI_MMVQ_THREADS, s, a.w0, a.row_bytes, a.n_rows, w1,
-                     row_bytes1, n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate, a.rpb);
+    const int n_rows = a.n_rows + n_rows1;
+    return mi_launch(mi_mmvq_mixed_kernel<T0, T1, NT>, (n_rows + a.rpb - 1) / a.rpb, MI_MMVQ_THREADS, s, a.w0,
+                     a.row_bytes, a.n_rows, w1, row_bytes1, n_rows, a.n_cols / 32, a.xq, a.ldx / 32, a.os, a.accumulate,
+                     a.rpb);
 }
 
 template <int T0, int T1>

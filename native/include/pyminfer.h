@@ -120,10 +120,6 @@ uint64_t mi_cuda_mmvq_mma_launches(void);
  * native/cuda/mmvq_kernels.cuh) since the library was loaded, in this process (not counting graph
  * replays). 0 without CUDA. */
 uint64_t mi_cuda_mmvq_pair_launches(void);
-/* Mat-vec launches that took a tail-split instance of the block or pair kernels (MI_CUDA_MMVQ_TAIL,
- * native/cuda/mmvq_kernels.cuh) since the library was loaded, in this process (not counting graph
- * replays). 0 without CUDA. */
-uint64_t mi_cuda_mmvq_tail_launches(void);
 /* Of those, the launches split over a thread block cluster per 16-row tile (MI_CUDA_MMVQ_MMA_SPLIT,
  * sm_90+). 0 without CUDA. */
 uint64_t mi_cuda_mmvq_mma_split_launches(void);
