@@ -9,6 +9,8 @@
 #
 # Carry .whl (gguf, cython-cmake) and the tarball. Output: each run's stdout, headed "== old k" /
 # "== new k". AB_CMAKE_ARGS overrides the builds' CMAKE_ARGS (bench/ab_common.sh).
+# It removes the editable install first (bench/ab_common.sh says why): before another script on the
+# same machine, reinstall it with `SKIP_TESTS=1 SKIP_BENCH=1 bash bench/gpu_run.sh` (seconds, build dir kept).
 set -eo pipefail
 export PYTHONUNBUFFERED=1
 [ $# -ge 3 ] || { echo "usage: bash bench/ab_builds.sh OLD.tar.gz ROUNDS SCRIPT [ARGS...]" >&2; exit 2; }

@@ -9,6 +9,8 @@
 # Variants are separated by '|'; an empty one is the default build. SCRIPT is relative to bench/.
 # Carry .whl (gguf, cython-cmake). Output: each run's stdout, headed "== vK round (flags)".
 # (bench/ab_builds.sh compares two source trees instead.)
+# It removes the editable install first (bench/ab_common.sh says why): before another script on the
+# same machine, reinstall it with `SKIP_TESTS=1 SKIP_BENCH=1 bash bench/gpu_run.sh` (seconds, build dir kept).
 set -eo pipefail
 export PYTHONUNBUFFERED=1
 [ $# -ge 2 ] || { echo "usage: AB_FLAGS='|-DX=1' bash bench/ab_flags.sh ROUNDS SCRIPT [ARGS...]" >&2; exit 2; }
