@@ -24,7 +24,7 @@ on the tokens such rounds committed when it next drafts (one batched forward).
 Adaptive depth (``adaptive=True``) follows the seeds' doc 95 design: per-position acceptance
 estimated with decayed Beta counts, per-depth round costs (medians of measured rounds), optimism
 for depths not tried yet, 5% hysteresis (PYMINFER_ADAPTIVE_HYSTERESIS), d = 0 (plain decoding)
-allowed, capped at MAX_DEPTH (the largest d whose verify batch is bitwise on every backend:
+allowed after 12 drafting rounds (PYMINFER_ADAPTIVE_EXPLORE), capped at MAX_DEPTH (the largest d whose verify batch is bitwise on every backend:
 nt = d + 1 <= 9).
 """
 
@@ -110,11 +110,19 @@ class AdaptiveDepth:
     rose (the H200, session 15: d = 1 for a whole reply where d = 3 was 5% faster). Not from d = 0:
     a probe there would first feed the draft every token since it last drafted, which cost more
     than it found (bench/ngram_replay.py, docs/perf.md session 16).
+
+    Exploration: plain decoding (d = 0) is not chosen before ``explore_min`` rounds have drafted.
+    d = 0 observes no acceptance, so it is final for the reply; chosen on the evidence of the first
+    two drafting rounds, one early rejection ended drafting on replies the draft then predicted at
+    90-95% (the real pair's replays: C, Rust, French and German prompts at 0.99x where d = 2..5
+    gives 1.08-1.18x; docs/perf.md session 37). Drafting depths are chosen as before meanwhile.
     """
 
     def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.05,
-                 probe_min: int = 16, probe_max: int = 128):
+                 probe_min: int = 16, probe_max: int = 128, explore_min: int = 12):
         self.max_depth = max_depth
+        self.explore_min = explore_min
+        self.drafted_rounds = 0  # rounds observed at d >= 1 (exploration: see the class docstring)
         self.decay = decay
         self.hysteresis = hysteresis
         # Plain Python floats throughout: this runs once per round, next to a ~1 ms GPU forward,
@@ -196,8 +204,8 @@ class AdaptiveDepth:
 
     def choose(self) -> int:
         """Depth of the next round: d = 0 first (measures C_T(1)), then ``start`` twice, then the
-        best expected rate, switching only when it beats the current depth's by the hysteresis.
-        Known limit: once at d = 0 nothing about drafting is observed any more (only costs), so a
+        best expected rate, switching only when it beats the current depth's by the hysteresis,
+        and d = 0 only after ``explore_min`` drafting rounds. Known limit: once at d = 0 nothing about drafting is observed any more (only costs), so a
         text that turns predictable later stays at d = 0; probing would cost a draft catch-up of
         every token since the last round that drafted (~5% of the target's time on the H200)."""
         if not self.history:
@@ -211,6 +219,8 @@ class AdaptiveDepth:
             d = 0
         else:
             rates = self.rates()
+            if self.drafted_rounds < self.explore_min:
+                rates[0] = 0.0  # still exploring: plain decoding not yet (the class docstring)
             base = self.cur if self.probe_from is None else self.probe_from  # a probe is not a move
             best = max(range(len(rates)), key=rates.__getitem__)  # first of equal maxima
             d = best if rates[best] > rates[base] * (1.0 + self.hysteresis) else base
@@ -239,6 +249,8 @@ class AdaptiveDepth:
         (a round whose draft first caught up on many tokens costs more than a usual one)."""
         if self.probe_from is not None:
             self.probe_hit = n_accepted >= d  # (the probe is the last round chosen)
+        if d:
+            self.drafted_rounds += 1
         if costs:
             self.verify_cost[d + 1].append(verify_s)
         if d and costs:
@@ -282,6 +294,18 @@ def adaptive_probe() -> int:
     return int(v)
 
 
+def adaptive_explore() -> int:
+    """The adaptive controller's drafting rounds before plain decoding may be chosen:
+    PYMINFER_ADAPTIVE_EXPLORE (an integer >= 0, 0 = from the third round on, the controller of
+    sessions 5-36; a tuning knob for A/B runs) or 12. Raises ValueError for a malformed value."""
+    v = os.environ.get("PYMINFER_ADAPTIVE_EXPLORE")
+    if v is None or v == "":
+        return 12
+    if not v.isdigit():
+        raise ValueError(f"PYMINFER_ADAPTIVE_EXPLORE={v!r}: want an integer >= 0 (0: no exploration rounds)")
+    return int(v)
+
+
 class SpecDecoder:
     """Token source for generate_stream: target + draft model (fixed or adaptive depth) and/or
     n-gram drafts (``ngram``); at least one of ``draft`` and ``ngram`` must be given.
@@ -320,8 +344,8 @@ class SpecDecoder:
         self.draft_n = draft_n
         max_d = min(MAX_DEPTH, target.max_nt - 1)  # the verify batch (d + 1 rows) must fit one forward
         self.adaptive = AdaptiveDepth(max_depth=max_d, start=max(min(draft_n, max_d), 1),
-                                      hysteresis=adaptive_hysteresis(),
-                                      probe_min=adaptive_probe()) if adaptive else None
+                                      hysteresis=adaptive_hysteresis(), probe_min=adaptive_probe(),
+                                      explore_min=adaptive_explore()) if adaptive else None
         self.stats: dict[str, float] = {}
         self.rounds = 0
         self.drafted_at = np.zeros(MAX_DEPTH + 1, np.int64)  # per draft position (1-based)

@@ -179,3 +179,61 @@ def test_first_draft_step_priced_apart_from_the_rest():
     lumped.update(0, 0, 0.0, 1.0e-3, 1.1e-3)
     lumped.update(2, 1, 1.3e-3, 1.2e-3, 2.6e-3)  # first_s unknown: every step at the mean, 0.65 ms
     assert lumped.round_seconds(5) == pytest.approx(cv[6] + 5 * 0.65e-3 + rem)
+
+
+def _simulate_unlucky_start(explore_min: int | None, depth: int = 0, n_rounds: int = 400, seed: int = 2,
+                            p: float = 0.93) -> tuple[float, list[int]]:
+    """Tokens per second of a run (adaptive with ``explore_min``, or at fixed ``depth`` where
+    explore_min is None) whose first two drafting rounds are rejected at draft position 1 and
+    whose acceptance is ``p`` at every position after that (the real pair's C, Rust, French and
+    German replies: an early miss, then 90-95%)."""
+    rng = random.Random(seed)
+    ctl = AdaptiveDepth(explore_min=explore_min) if explore_min is not None else None
+    t, tokens, last, used, drafted = 0.0, 0, None, [], 0
+    for _ in range(n_rounds):
+        if ctl and last:
+            ctl.update(*last)
+        d = ctl.choose() if ctl else depth
+        used.append(d)
+        a = 0
+        if d:
+            drafted += 1
+            while a < d and drafted > 2 and rng.random() < p:
+                a += 1
+        jitter = 1.0 + 0.03 * (2 * rng.random() - 1)
+        draft_s, verify_s = d * C_D * jitter, C_T1 * CURVE[d] * jitter
+        round_s = draft_s + verify_s + REM_ROUND + (a + 1) * REM_TOKEN
+        last = (d, a, draft_s, verify_s, round_s)
+        t += round_s
+        tokens += a + 1
+    return tokens / t, used
+
+
+def test_early_rejections_do_not_end_drafting():
+    """Plain decoding (d = 0) observes no acceptance, so choosing it is final: on the evidence of
+    the first two drafting rounds alone, two early misses ended drafting for a reply the draft
+    predicts at 93% (the failure mode, explore_min = 0). With the default exploration the
+    controller keeps drafting and gets within 5% of the best fixed depth."""
+    best_d, best = max(((d, _simulate_unlucky_start(None, depth=d)[0]) for d in range(MAX_DEPTH + 1)),
+                       key=lambda x: x[1])
+    assert best_d >= 2
+    stuck, used0 = _simulate_unlucky_start(0)
+    assert used0[-100:].count(0) == 100, used0[:20]  # the failure mode exploration exists for
+    got, used = _simulate_unlucky_start(AdaptiveDepth().explore_min)
+    assert got >= 0.95 * best and got > 1.1 * stuck, (got, best, stuck, used[:40])
+    assert min(used[3:]) >= 1, used[:40]
+
+
+def test_explore_knob(monkeypatch):
+    from pyminfer.spec import adaptive_explore
+
+    monkeypatch.delenv("PYMINFER_ADAPTIVE_EXPLORE", raising=False)
+    assert adaptive_explore() == 12 == AdaptiveDepth().explore_min
+    monkeypatch.setenv("PYMINFER_ADAPTIVE_EXPLORE", "0")
+    assert adaptive_explore() == 0
+    monkeypatch.setenv("PYMINFER_ADAPTIVE_EXPLORE", "")
+    assert adaptive_explore() == 12
+    for bad in ("x", "-1", "1.5"):
+        monkeypatch.setenv("PYMINFER_ADAPTIVE_EXPLORE", bad)
+        with pytest.raises(ValueError, match="PYMINFER_ADAPTIVE_EXPLORE"):
+            adaptive_explore()
