@@ -10,13 +10,15 @@ H200, docs/perf.md session 15): the target's C_T(nt), the draft's C_D(nt) (a fir
 feeds every committed token the draft has not seen: 1-2 after a drafting round, more after n-gram
 rounds), host work a forward.
 
-    python3 bench/ngram_replay.py [--ct ...] [--cd ...] [--n 3] [--m 5] [--d 3]
+    python3 bench/ngram_replay.py [--ct ...] [--cd ...] [--n 3] [--m 5] [--d 3] [--explore 12]
+        [--jitter 0.03 --seeds 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 
 from pyminfer.ngram import NgramIndex, NgramSpec
@@ -28,12 +30,14 @@ CT_H200 = "1.003,1.131,1.311,1.447,1.568,1.737,1.869,1.931,2.657"  # real 1.5B, 
 CD_H200 = "0.605,0.665,0.725,0.785,0.867,0.949,1.030,1.112"  # 0.5B shape, nt = 1..8 (nt 1 / 4 / 8 measured)
 
 
-def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False) -> float:
+def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False, seed: int = 0) -> float:
     """Milliseconds to produce the reply (after its first token) under ``mode``: 'plain', 'draft',
     'ngram' or 'both'; ``adaptive``: the draft model's depth from pyminfer.spec.AdaptiveDepth
-    (fed as the loop feeds it: draft-model rounds that caught up on <= 2 tokens), else a.d."""
-    ct = [0.0] + [float(x) for x in a.ct.split(",")]
-    cd = [0.0] + [float(x) for x in a.cd.split(",")]
+    (fed as the loop feeds it: draft-model rounds that caught up on <= 2 tokens), else a.d.
+    ``a.jitter`` > 0: each round's GPU costs scaled by a factor drawn from 1 +- jitter (``seed``)."""
+    rng = random.Random(seed)
+    ct0 = [0.0] + [float(x) for x in a.ct.split(",")]
+    cd0 = [0.0] + [float(x) for x in a.cd.split(",")]
     gen = item["gen"]
     n = next((i + 1 for i, t in enumerate(gen) if t in EOS), len(gen))
     agree = [c == "1" for c in item["agree"]]
@@ -41,12 +45,15 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False)
     index = NgramIndex(NgramSpec(n=a.n, m=a.m)) if mode in ("ngram", "both") else None
     j, t, behind = 1, 0.0, 1  # gen[:j] committed; tokens the draft has not seen
     ctl = AdaptiveDepth(max_depth=MAX_DEPTH, start=max(a.d, 1), probe_min=a.probe_min,
-                        hysteresis=a.hysteresis) if adaptive else None
+                        hysteresis=a.hysteresis, explore_min=a.explore) if adaptive else None
     last = None
     while j < n:
         if ctl and last:
             ctl.update(*last)
         last = None
+        jj = 1.0 + a.jitter * (2 * rng.random() - 1)
+        ct = [c * jj for c in ct0]
+        cd = [c * jj for c in cd0]
         props = index.propose(hist, n - j - 1) if index else []
         if props:
             acc = 0
@@ -93,6 +100,9 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=3, help="draft-model depth")
     ap.add_argument("--probe-min", type=int, default=16, help="adaptive depth: rounds before a probe (0: none)")
     ap.add_argument("--hysteresis", type=float, default=0.05, help="adaptive depth: switch margin")
+    ap.add_argument("--explore", type=int, default=12, help="adaptive depth: drafting rounds before d = 0 may be chosen")
+    ap.add_argument("--jitter", type=float, default=0.0, help="+- relative noise on each round's GPU costs")
+    ap.add_argument("--seeds", type=int, default=1, help="runs per prompt (with --jitter: each its own noise), averaged")
     ap.add_argument("--lump", action="store_true",
                     help="adaptive depth: price every draft step at the round's mean (no first-step split)")
     a = ap.parse_args()
@@ -105,8 +115,9 @@ def main() -> None:
     print("|---|---|" + "---|" * len(modes))
     tot: dict[str, dict[str, list[float]]] = {}
     for it in json.loads(DATA.read_text())["prompts"]:
-        base = replay(it, "plain", a)
-        times = [replay(it, m.split("+")[0], a, m.endswith("+adaptive")) for m in modes]
+        base = sum(replay(it, "plain", a, seed=s) for s in range(a.seeds))
+        times = [sum(replay(it, m.split("+")[0], a, m.endswith("+adaptive"), seed=s) for s in range(a.seeds))
+                 for m in modes]
         row = [base / v for v in times]
         cat = "code" if it["cat"] == "code" else "other"
         for m, v in zip(modes, times):
@@ -116,7 +127,7 @@ def main() -> None:
         text = it["text"][:36].replace("\n", " ")
         print(f"| {it['cat']} ({it['src']}) | {text} | " + " | ".join(f"{x:.2f}" for x in row) + " |")
     for cat, d in tot.items():
-        print(f"| all {cat} | | " + " | ".join(f"{d[m][0] / d[m][1]:.2f}" for m in modes) + " |")
+        print(f"| all {cat} | | " + " | ".join(f"{d[m][0] / d[m][1]:.3f}" for m in modes) + " |")
 
 
 if __name__ == "__main__":

@@ -111,11 +111,12 @@ class AdaptiveDepth:
     a probe there would first feed the draft every token since it last drafted, which cost more
     than it found (bench/ngram_replay.py, docs/perf.md session 16).
 
-    Exploration: plain decoding (d = 0) is not chosen before ``explore_min`` rounds have drafted.
-    d = 0 observes no acceptance, so it is final for the reply; chosen on the evidence of the first
-    two drafting rounds, one early rejection ended drafting on replies the draft then predicted at
-    90-95% (the real pair's replays: C, Rust, French and German prompts at 0.99x where d = 2..5
-    gives 1.08-1.18x; docs/perf.md session 37). Drafting depths are chosen as before meanwhile.
+    Exploration: plain decoding (d = 0) is not chosen before ``explore_min`` rounds have drafted,
+    unless no depth could beat it even with every draft accepted (drafting_can_pay). d = 0 observes
+    no acceptance, so it is final for the reply; chosen on the evidence of the first two drafting
+    rounds, one early rejection ended drafting on replies the draft then predicted at 90-95% (the
+    real pair's replays: C, Rust, French and German prompts at 0.99x where d = 2..5 gives
+    1.08-1.18x; docs/perf.md session 37). Drafting depths are chosen as before meanwhile.
     """
 
     def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.05,
@@ -202,6 +203,30 @@ class AdaptiveDepth:
             out.append(exp_tokens / c if c else (float("inf") if d == self.start else 0.0))
         return out
 
+    def drafting_can_pay(self, plain_rate: float) -> bool:
+        """Whether some depth d >= 1 would beat ``plain_rate`` (tokens/s of d = 0) if every draft
+        were accepted: d + 1 tokens a round for its verify forward, d draft steps and the median
+        remainder. Verify widths not measured yet are priced on the steepest per-row slope measured
+        from nt = 1 (not verify_table's optimistic +5% a row, which would make deep rounds look
+        cheap on any backend). True while nothing beyond nt = 1 or no draft step is measured.
+        False where a verify row costs about as much as a forward (the CPU backend): exploring
+        drafting there only loses."""
+        own = [min(w) if w else None for w in self.verify_cost]
+        if own[1] is None or not self.draft_first:
+            return True
+        wider = [(nt, c) for nt, c in enumerate(own) if nt > 1 and c is not None]
+        if not wider:
+            return True
+        slope = max((c - own[1]) / (nt - 1) for nt, c in wider)
+        first = min(self.draft_first)
+        rest = min(self.draft_rest) if self.draft_rest else first
+        rem = _median(self.remainder) if self.remainder else 0.0
+        for d in range(1, self.max_depth + 1):
+            ct = own[d + 1] if own[d + 1] is not None else own[1] + slope * d
+            if (d + 1) / (ct + first + (d - 1) * rest + rem) > plain_rate:
+                return True
+        return False
+
     def choose(self) -> int:
         """Depth of the next round: d = 0 first (measures C_T(1)), then ``start`` twice, then the
         best expected rate, switching only when it beats the current depth's by the hysteresis,
@@ -219,7 +244,7 @@ class AdaptiveDepth:
             d = 0
         else:
             rates = self.rates()
-            if self.drafted_rounds < self.explore_min:
+            if self.drafted_rounds < self.explore_min and self.drafting_can_pay(rates[0]):
                 rates[0] = 0.0  # still exploring: plain decoding not yet (the class docstring)
             base = self.cur if self.probe_from is None else self.probe_from  # a probe is not a move
             best = max(range(len(rates)), key=rates.__getitem__)  # first of equal maxima

@@ -237,3 +237,23 @@ def test_explore_knob(monkeypatch):
         monkeypatch.setenv("PYMINFER_ADAPTIVE_EXPLORE", bad)
         with pytest.raises(ValueError, match="PYMINFER_ADAPTIVE_EXPLORE"):
             adaptive_explore()
+
+
+def test_exploration_skipped_where_drafting_cannot_pay():
+    """Where a verify row costs about a whole forward (the CPU backend), no depth beats plain
+    decoding even with every draft accepted: the controller goes to d = 0 as it did before
+    exploration existed (explore_min = 0), instead of drafting explore_min rounds at a loss."""
+    def run(verify_per_row: float, explore_min: int = AdaptiveDepth().explore_min) -> list[int]:
+        ctl = AdaptiveDepth(start=2, explore_min=explore_min)
+        used = []
+        for _ in range(12):
+            d = ctl.choose()
+            used.append(d)
+            draft_s, verify_s = d * 0.4e-3, 1e-3 * (1 + verify_per_row * d)
+            ctl.update(d, d, draft_s, verify_s, draft_s + verify_s + 0.05e-3, first_s=0.4e-3 if d else None)
+        return used
+
+    cpu = run(1.0)
+    assert cpu == run(1.0, explore_min=0) and cpu[-6:] == [0] * 6, cpu
+    gpu = run(0.12)  # every draft accepted and cheap verify rows: drafting pays, no d = 0
+    assert min(gpu[1:]) >= 1, gpu

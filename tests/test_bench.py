@@ -145,3 +145,21 @@ def test_replay_adaptive_script_runs():
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("| code") or ln.startswith("| prose")]
     assert len(lines) == 4 and all(ln.count("adaptive") == 0 and ln.count("(d=") == 2 for ln in lines)
+
+
+def test_ngram_replay_script_runs():
+    """bench/ngram_replay.py (the CPU replay of the draft sources, adaptive depth included) runs with
+    its noise and exploration options and prints both category totals; without noise, one seed and
+    several give the same figures (the noise is the only thing the seeds change)."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "ngram_replay.py"
+
+    def totals(*args: str) -> list[str]:
+        out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return [ln for ln in out.stdout.splitlines() if ln.startswith("| all ")]
+
+    t = totals("--explore", "0", "--jitter", "0.03", "--seeds", "2")
+    assert len(t) == 2 and all(ln.count("|") == 8 for ln in t), t
+    assert totals("--seeds", "1") == totals("--seeds", "3")
