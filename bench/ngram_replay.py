@@ -5,13 +5,14 @@ n-gram drafts tried before the draft model. CPU only, seconds; an estimate, not 
 Data (bench/greedy_real_pair.json): per prompt, the 1.5B target's 256 greedy ids and whether the
 0.5B draft's greedy choice on each prefix agrees. A draft-model round at depth d from token i accepts
 the run of agreements from i (up to d); an n-gram round accepts the proposal's prefix that equals
-the target's reply. Replies are cut at the first end-of-generation token. Costs (ms, defaults: the
+the target's reply. Replies are cut at the first end-of-generation token. With --p-min a draft-model
+round also stops where the draft's top-1 probability (draft_p) falls below it. Costs (ms, defaults: the
 H200, docs/perf.md session 15): the target's C_T(nt), the draft's C_D(nt) (a first draft step
 feeds every committed token the draft has not seen: 1-2 after a drafting round, more after n-gram
 rounds), host work a forward.
 
     python3 bench/ngram_replay.py [--ct ...] [--cd ...] [--n 3] [--m 5] [--d 3] [--explore 12]
-        [--jitter 0.03 --seeds 16]
+        [--jitter 0.03 --seeds 16] [--p-min 0.75]
 """
 
 from __future__ import annotations
@@ -71,15 +72,22 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False,
                 behind += 1
                 last = (0, 0, 0.0, ct[1] / 1e3, (ct[1] + a.host) / 1e3)
             else:
+                # --p-min (llama.cpp's draft p_min): drafting stops at the first step whose token has a
+                # top-1 probability below p_min; that step was run, its token is dropped. The draft's
+                # probabilities are those on the target's prefix (exact up to the first disagreement).
+                k = d
+                if a.p_min > 0:
+                    k = next((i for i in range(d) if item["draft_p"][j + i] < a.p_min), d)
+                steps = min(k + 1, d)
                 first = cd[min(behind, 8)] + max(behind - 8, 0) * a.catchup  # feeds the unseen tokens
-                dr = first + (d - 1) * cd[1]
-                t += dr + ct[d + 1] + (d + 1) * a.host
+                dr = first + (steps - 1) * cd[1]
+                t += dr + ct[k + 1] + (k + 1) * a.host
                 acc = 0
-                while acc < d and agree[j + acc]:
+                while acc < k and agree[j + acc]:
                     acc += 1
-                last = (d, acc, dr / 1e3, ct[d + 1] / 1e3, (dr + ct[d + 1] + (d + 1) * a.host) / 1e3, behind <= 2,
+                last = (d, acc, dr / 1e3, ct[k + 1] / 1e3, (dr + ct[k + 1] + (k + 1) * a.host) / 1e3, behind <= 2,
                         None if a.lump else first / 1e3)
-                behind = 2 if acc == d else 1
+                behind = 2 if acc == k else 1
         else:
             t += ct[1] + a.host
             acc = 0
@@ -100,6 +108,8 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=3, help="draft-model depth")
     ap.add_argument("--probe-min", type=int, default=16, help="adaptive depth: rounds before a probe (0: none)")
     ap.add_argument("--hysteresis", type=float, default=0.05, help="adaptive depth: switch margin")
+    ap.add_argument("--p-min", type=float, default=0.0,
+                    help="draft model: stop drafting at a token of top-1 probability below this (0: never)")
     ap.add_argument("--explore", type=int, default=12, help="adaptive depth: drafting rounds before d = 0 may be chosen")
     ap.add_argument("--jitter", type=float, default=0.0, help="+- relative noise on each round's GPU costs")
     ap.add_argument("--seeds", type=int, default=1, help="runs per prompt (with --jitter: each its own noise), averaged")

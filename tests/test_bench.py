@@ -163,3 +163,7 @@ def test_ngram_replay_script_runs():
     t = totals("--explore", "0", "--jitter", "0.03", "--seeds", "2")
     assert len(t) == 2 and all(ln.count("|") == 8 for ln in t), t
     assert totals("--seeds", "1") == totals("--seeds", "3")
+    # --p-min stops draft-model rounds early (the draft columns move; the n-gram-alone column does not)
+    base, early = totals(), totals("--p-min", "0.6")
+    assert [ln.split("|")[3] for ln in base] != [ln.split("|")[3] for ln in early], (base, early)
+    assert [ln.split("|")[4] for ln in base] == [ln.split("|")[4] for ln in early], (base, early)
