@@ -111,12 +111,12 @@ class AdaptiveDepth:
     a probe there would first feed the draft every token since it last drafted, which cost more
     than it found (bench/ngram_replay.py, docs/perf.md session 16).
 
-    Exploration: plain decoding (d = 0) is not chosen before ``explore_min`` rounds have drafted,
-    unless no depth could beat it even with every draft accepted (drafting_can_pay). d = 0 observes
-    no acceptance, so it is final for the reply; chosen on the evidence of the first two drafting
-    rounds, one early rejection ended drafting on replies the draft then predicted at 90-95% (the
-    real pair's replays: C, Rust, French and German prompts at 0.99x where d = 2..5 gives
-    1.08-1.18x; docs/perf.md session 37). Drafting depths are chosen as before meanwhile.
+    Exploration: until ``explore_min`` rounds have drafted, a round that would run plain decoding
+    (d = 0) runs d = 1 instead, the cheapest round that observes draft position 1, unless no depth
+    could beat plain decoding even with every draft accepted (drafting_can_pay: the CPU backend).
+    d = 0 observes no acceptance, so it is final for the reply; chosen on the evidence of the first
+    two drafting rounds, one early rejection ended drafting on replies the draft then predicted at
+    90-95% (the real pair: the French prompt 0.98x -> 1.11x on the H200; docs/perf.md session 37).
     """
 
     def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.05,
@@ -229,8 +229,8 @@ class AdaptiveDepth:
 
     def choose(self) -> int:
         """Depth of the next round: d = 0 first (measures C_T(1)), then ``start`` twice, then the
-        best expected rate, switching only when it beats the current depth's by the hysteresis,
-        and d = 0 only after ``explore_min`` drafting rounds. Known limit: once at d = 0 nothing about drafting is observed any more (only costs), so a
+        best expected rate, switching only when it beats the current depth's by the hysteresis
+        (d = 1 in place of d = 0 for the first ``explore_min`` drafting rounds). Known limit: once at d = 0 nothing about drafting is observed any more (only costs), so a
         text that turns predictable later stays at d = 0; probing would cost a draft catch-up of
         every token since the last round that drafted (~5% of the target's time on the H200)."""
         if not self.history:
@@ -244,11 +244,11 @@ class AdaptiveDepth:
             d = 0
         else:
             rates = self.rates()
-            if self.drafted_rounds < self.explore_min and self.drafting_can_pay(rates[0]):
-                rates[0] = 0.0  # still exploring: plain decoding not yet (the class docstring)
             base = self.cur if self.probe_from is None else self.probe_from  # a probe is not a move
             best = max(range(len(rates)), key=rates.__getitem__)  # first of equal maxima
             d = best if rates[best] > rates[base] * (1.0 + self.hysteresis) else base
+            if d == 0 and self.drafted_rounds < self.explore_min and self.drafting_can_pay(rates[0]):
+                d = 1  # still exploring: the cheapest drafting round, not plain decoding (class docstring)
             if self.probe_from is not None:  # probe less often after probes that found nothing
                 found = d != base or self.probe_hit
                 self.probe_gap = self.probe_min if found else min(2 * self.probe_gap, self.probe_max)
