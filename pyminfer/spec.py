@@ -308,27 +308,29 @@ def adaptive_hysteresis() -> float:
     return h
 
 
+def _env_count(name: str, default: int, zero: str) -> int:
+    """An integer >= 0 from environment variable ``name`` (unset or empty: ``default``); ``zero``
+    says what 0 means, for the error. Raises ValueError for anything else (ASCII digits only)."""
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    if not (v.isascii() and v.isdigit()):
+        raise ValueError(f"{name}={v!r}: want an integer >= 0 (0: {zero})")
+    return int(v)
+
+
 def adaptive_probe() -> int:
     """The adaptive controller's rounds between depth probes: PYMINFER_ADAPTIVE_PROBE (an integer
     >= 0, 0 = never probe; a tuning knob for A/B runs) or 16. Raises ValueError for a malformed value."""
-    v = os.environ.get("PYMINFER_ADAPTIVE_PROBE")
-    if v is None or v == "":
-        return 16
-    if not v.isdigit():
-        raise ValueError(f"PYMINFER_ADAPTIVE_PROBE={v!r}: want an integer >= 0 (0: never probe)")
-    return int(v)
+    return _env_count("PYMINFER_ADAPTIVE_PROBE", 16, "never probe")
 
 
 def adaptive_explore() -> int:
-    """The adaptive controller's drafting rounds before plain decoding may be chosen:
-    PYMINFER_ADAPTIVE_EXPLORE (an integer >= 0, 0 = from the third round on, the controller of
-    sessions 5-36; a tuning knob for A/B runs) or 12. Raises ValueError for a malformed value."""
-    v = os.environ.get("PYMINFER_ADAPTIVE_EXPLORE")
-    if v is None or v == "":
-        return 12
-    if not v.isdigit():
-        raise ValueError(f"PYMINFER_ADAPTIVE_EXPLORE={v!r}: want an integer >= 0 (0: no exploration rounds)")
-    return int(v)
+    """The adaptive controller's exploration: until this many rounds have drafted, d = 1 runs where
+    d = 0 would (AdaptiveDepth). PYMINFER_ADAPTIVE_EXPLORE (an integer >= 0, 0 = no exploration, the
+    controller of sessions 5-36; a tuning knob for A/B runs) or 12. Raises ValueError for a
+    malformed value."""
+    return _env_count("PYMINFER_ADAPTIVE_EXPLORE", 12, "no exploration")
 
 
 class SpecDecoder:

@@ -233,7 +233,7 @@ def test_explore_knob(monkeypatch):
     assert adaptive_explore() == 0
     monkeypatch.setenv("PYMINFER_ADAPTIVE_EXPLORE", "")
     assert adaptive_explore() == 12
-    for bad in ("x", "-1", "1.5"):
+    for bad in ("x", "-1", "1.5", "\u00b2"):  # (a superscript two passes str.isdigit but not int())
         monkeypatch.setenv("PYMINFER_ADAPTIVE_EXPLORE", bad)
         with pytest.raises(ValueError, match="PYMINFER_ADAPTIVE_EXPLORE"):
             adaptive_explore()
