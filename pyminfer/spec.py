@@ -247,7 +247,8 @@ class AdaptiveDepth:
             base = self.cur if self.probe_from is None else self.probe_from  # a probe is not a move
             best = max(range(len(rates)), key=rates.__getitem__)  # first of equal maxima
             d = best if rates[best] > rates[base] * (1.0 + self.hysteresis) else base
-            if d == 0 and self.drafted_rounds < self.explore_min and self.drafting_can_pay(rates[0]):
+            if d == 0 and self.max_depth >= 1 and self.drafted_rounds < self.explore_min \
+                    and self.drafting_can_pay(rates[0]):
                 d = 1  # still exploring: the cheapest drafting round, not plain decoding (class docstring)
             if self.probe_from is not None:  # probe less often after probes that found nothing
                 found = d != base or self.probe_hit

@@ -257,3 +257,14 @@ def test_exploration_skipped_where_drafting_cannot_pay():
     assert cpu == run(1.0, explore_min=0) and cpu[-6:] == [0] * 6, cpu
     gpu = run(0.12)  # every draft accepted and cheap verify rows: drafting pays, no d = 0
     assert min(gpu[1:]) >= 1, gpu
+
+
+@pytest.mark.parametrize("max_depth", [0, 1, 3])
+def test_depths_stay_within_max_depth(max_depth):
+    """No round, exploration included, runs deeper than max_depth (a batch of -ub 1 allows no draft:
+    max_depth 0; exploration's d = 1 once broke that, failing the verify forward)."""
+    ctl = AdaptiveDepth(max_depth=max_depth, start=max(min(4, max_depth), 1))
+    for r in range(40):
+        d = ctl.choose()
+        assert 0 <= d <= max_depth, (r, d, ctl.history)
+        ctl.update(d, 0, d * 0.6e-3, 1e-3 * (1 + 0.1 * d), 1.1e-3 + d * 0.7e-3, first_s=0.6e-3 if d else None)
