@@ -24,8 +24,9 @@ on the tokens such rounds committed when it next drafts (one batched forward).
 Adaptive depth (``adaptive=True``) follows the seeds' doc 95 design: per-position acceptance
 estimated with decayed Beta counts, per-depth round costs (medians of measured rounds), optimism
 for depths not tried yet, 5% hysteresis (PYMINFER_ADAPTIVE_HYSTERESIS), d = 0 (plain decoding)
-allowed after 12 drafting rounds (PYMINFER_ADAPTIVE_EXPLORE), capped at MAX_DEPTH (the largest d whose verify batch is bitwise on every backend:
-nt = d + 1 <= 9).
+allowed, with d = 1 run in its place until 12 rounds have drafted where drafting could pay
+(PYMINFER_ADAPTIVE_EXPLORE), capped at MAX_DEPTH (the largest d whose verify batch is bitwise on
+every backend: nt = d + 1 <= 9).
 """
 
 from __future__ import annotations
@@ -113,10 +114,12 @@ class AdaptiveDepth:
 
     Exploration: until ``explore_min`` rounds have drafted, a round that would run plain decoding
     (d = 0) runs d = 1 instead, the cheapest round that observes draft position 1, unless no depth
-    could beat plain decoding even with every draft accepted (drafting_can_pay: the CPU backend).
+    could beat plain decoding even with every draft accepted (drafting_can_pay: where a verify row
+    costs about a whole forward; on the project's 2-core CPU a row costs ~0.5 of one, so exploration
+    runs there too and costs the CPU's speculative runs ~2%, docs/perf.md session 37).
     d = 0 observes no acceptance, so it is final for the reply; chosen on the evidence of the first
     two drafting rounds, one early rejection ended drafting on replies the draft then predicted at
-    90-95% (the real pair: the French prompt 0.98x -> 1.11x on the H200; docs/perf.md session 37).
+    90-95% (the real pair: the French prompt 0.97x -> 1.10-1.12x on the H200; docs/perf.md session 37).
     """
 
     def __init__(self, max_depth: int = MAX_DEPTH, start: int = 4, decay: float = 0.97, hysteresis: float = 0.05,
@@ -209,15 +212,16 @@ class AdaptiveDepth:
         remainder. Verify widths not measured yet are priced on the steepest per-row slope measured
         from nt = 1 (not verify_table's optimistic +5% a row, which would make deep rounds look
         cheap on any backend). True while nothing beyond nt = 1 or no draft step is measured.
-        False where a verify row costs about as much as a forward (the CPU backend): exploring
-        drafting there only loses."""
+        False where a verify row costs about as much as a forward: exploring drafting there only
+        loses. (Not on the project's 2-core CPU, where a row costs ~0.5 of a forward and full
+        acceptance would pay.)"""
         own = [min(w) if w else None for w in self.verify_cost]
         if own[1] is None or not self.draft_first:
             return True
         wider = [(nt, c) for nt, c in enumerate(own) if nt > 1 and c is not None]
         if not wider:
             return True
-        slope = max((c - own[1]) / (nt - 1) for nt, c in wider)
+        slope = max(max((c - own[1]) / (nt - 1) for nt, c in wider), 0.0)  # (a noisy nt = 1 sample)
         first = min(self.draft_first)
         rest = min(self.draft_rest) if self.draft_rest else first
         rem = _median(self.remainder) if self.remainder else 0.0
@@ -230,8 +234,9 @@ class AdaptiveDepth:
     def choose(self) -> int:
         """Depth of the next round: d = 0 first (measures C_T(1)), then ``start`` twice, then the
         best expected rate, switching only when it beats the current depth's by the hysteresis
-        (d = 1 in place of d = 0 for the first ``explore_min`` drafting rounds). Known limit: once at d = 0 nothing about drafting is observed any more (only costs), so a
-        text that turns predictable later stays at d = 0; probing would cost a draft catch-up of
+        (d = 1 in place of d = 0 for the first ``explore_min`` drafting rounds, the two start
+        rounds included). Known limit: once at d = 0 nothing about drafting is observed any more
+        (only costs), so a text that turns predictable later stays at d = 0; probing would cost a draft catch-up of
         every token since the last round that drafted (~5% of the target's time on the H200)."""
         if not self.history:
             d = 0

@@ -240,7 +240,7 @@ def test_explore_knob(monkeypatch):
 
 
 def test_exploration_skipped_where_drafting_cannot_pay():
-    """Where a verify row costs about a whole forward (the CPU backend), no depth beats plain
+    """Where a verify row costs about a whole forward (a CPU with few cores), no depth beats plain
     decoding even with every draft accepted: the controller goes to d = 0 as it did before
     exploration existed (explore_min = 0), instead of drafting explore_min rounds at a loss."""
     def run(verify_per_row: float, explore_min: int = AdaptiveDepth().explore_min) -> list[int]:
