@@ -42,7 +42,7 @@ def main() -> int:
     a = ap.parse_args()
     name, _, vals = a.env.partition("=")
     settings = vals.split(",")
-    if not name or not settings:
+    if not name or not vals:
         ap.error("--env wants NAME=v1,v2,...")
     mode = a.mode.split()
     adaptive = mode[0] == "--spec-draft-adaptive"

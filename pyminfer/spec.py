@@ -214,7 +214,9 @@ class AdaptiveDepth:
         cheap on any backend). True while nothing beyond nt = 1 or no draft step is measured.
         False where a verify row costs about as much as a forward: exploring drafting there only
         loses. (Not on the project's 2-core CPU, where a row costs ~0.5 of a forward and full
-        acceptance would pay.)"""
+        acceptance would pay.) ``plain_rate`` in tokens per second; costs are the measured seconds
+        (verify_cost, draft_first / draft_rest, remainder, priced as round_seconds prices them).
+        Raises nothing."""
         own = [min(w) if w else None for w in self.verify_cost]
         if own[1] is None or not self.draft_first:
             return True
@@ -236,8 +238,9 @@ class AdaptiveDepth:
         best expected rate, switching only when it beats the current depth's by the hysteresis
         (d = 1 in place of d = 0 for the first ``explore_min`` drafting rounds, the two start
         rounds included). Known limit: once at d = 0 nothing about drafting is observed any more
-        (only costs), so a text that turns predictable later stays at d = 0; probing would cost a draft catch-up of
-        every token since the last round that drafted (~5% of the target's time on the H200)."""
+        (only costs), so a text that turns predictable later stays at d = 0; probing would cost a
+        draft catch-up of every token since the last round that drafted (~5% of the target's time
+        on the H200)."""
         if not self.history:
             d = 0
         elif len(self.history) <= 2:  # twice, so one slow round cannot price drafting out
