@@ -118,6 +118,12 @@ def main() -> None:
     a = ap.parse_args()
     if len(a.ct.split(",")) != 9 or len(a.cd.split(",")) != 8:
         ap.error("--ct wants 9 numbers (nt = 1..9), --cd 8 (nt = 1..8)")
+    if a.seeds < 1:
+        ap.error(f"--seeds wants at least 1, got {a.seeds}")
+    if not 0.0 <= a.jitter < 1.0:  # a factor of 1 - jitter must stay a positive cost
+        ap.error(f"--jitter wants 0 <= J < 1, got {a.jitter}")
+    if not 0 <= a.d <= 8:
+        ap.error(f"--d wants 0..8, got {a.d}")
     NgramSpec(n=a.n, m=a.m)  # range checks
     modes = ["draft", "ngram", "both", "draft+adaptive", "both+adaptive"]
     print(f"speedup over plain decoding (replayed; draft d = {a.d}, n-gram n = {a.n}, m = {a.m})")

@@ -45,10 +45,13 @@ def main() -> int:
     if not name or not vals:
         ap.error("--env wants NAME=v1,v2,...")
     mode = a.mode.split()
-    adaptive = mode[0] == "--spec-draft-adaptive"
-    depth = int(mode[1]) if mode[0] == "--spec-draft-n" and len(mode) == 2 else 4
-    if not adaptive and mode[0] != "--spec-draft-n":
-        ap.error(f"unknown --mode {a.mode!r}")
+    adaptive = mode == ["--spec-draft-adaptive"]
+    fixed = len(mode) == 2 and mode[0] == "--spec-draft-n" and mode[1].isdigit() and int(mode[1]) <= 8
+    if not adaptive and not fixed:
+        ap.error(f'--mode wants "--spec-draft-adaptive" or "--spec-draft-n D" (D in 0..8), got {a.mode!r}')
+    depth = int(mode[1]) if fixed else 4
+    if a.reps < 1 or a.n < 1:
+        ap.error("--reps and -n want at least 1")
     prompts = json.loads(DATA.read_text())["prompts"]
     n_ctx = max(len(p["prompt"]) for p in prompts) + a.n + 16
     target = Model(a.m, device=a.device, n_ctx=n_ctx)

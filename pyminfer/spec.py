@@ -185,12 +185,25 @@ class AdaptiveDepth:
             return _median(rc)
         cands = [_median(rc)] if rc else []
         c = (cv if cv is not None else self.verify_table())[d + 1]
-        first = min(self.draft_first) if self.draft_first else None
-        rest = min(self.draft_rest) if self.draft_rest else first  # (not above the first step's)
-        if c is not None and (d == 0 or first is not None):
-            rem = _median(self.remainder) if self.remainder else 0.0
-            cands.append(c + (first + (d - 1) * rest if d else 0.0) + rem)
+        if c is not None:
+            est = self._priced(d, c)
+            if est is not None:
+                cands.append(est)
         return min(cands) if cands else None
+
+    def _priced(self, d: int, verify_s: float) -> float | None:
+        """Seconds of a round at depth d from its parts: ``verify_s`` (its nt = d + 1 forward), d
+        draft steps (the fastest first step measured, then the fastest later step, not above the
+        first's) and the median per-round remainder (0 before any). None where d >= 1 and no draft
+        step is measured yet."""
+        rem = _median(self.remainder) if self.remainder else 0.0
+        if d == 0:
+            return verify_s + rem
+        if not self.draft_first:
+            return None
+        first = min(self.draft_first)
+        rest = min(self.draft_rest) if self.draft_rest else first
+        return verify_s + first + (d - 1) * rest + rem
 
     def rates(self) -> list[float]:
         """Expected tokens per second of a round at each depth 0..max_depth (inf for ``start``
@@ -215,7 +228,7 @@ class AdaptiveDepth:
         False where a verify row costs about as much as a forward: exploring drafting there only
         loses. (Not on the project's 2-core CPU, where a row costs ~0.5 of a forward and full
         acceptance would pay.) ``plain_rate`` in tokens per second; costs are the measured seconds
-        (verify_cost, draft_first / draft_rest, remainder, priced as round_seconds prices them).
+        (verify_cost, then _priced as round_seconds uses it).
         Raises nothing."""
         own = [min(w) if w else None for w in self.verify_cost]
         if own[1] is None or not self.draft_first:
@@ -224,12 +237,10 @@ class AdaptiveDepth:
         if not wider:
             return True
         slope = max(max((c - own[1]) / (nt - 1) for nt, c in wider), 0.0)  # (a noisy nt = 1 sample)
-        first = min(self.draft_first)
-        rest = min(self.draft_rest) if self.draft_rest else first
-        rem = _median(self.remainder) if self.remainder else 0.0
         for d in range(1, self.max_depth + 1):
             ct = own[d + 1] if own[d + 1] is not None else own[1] + slope * d
-            if (d + 1) / (ct + first + (d - 1) * rest + rem) > plain_rate:
+            est = self._priced(d, ct)  # (not None: a draft step is measured)
+            if est is not None and (d + 1) / est > plain_rate:
                 return True
         return False
 

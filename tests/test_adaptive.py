@@ -12,6 +12,7 @@ decoding (d = 0) when drafting cannot pay.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -115,30 +116,42 @@ def test_lower_hysteresis_still_close_to_best(p, monkeypatch):
 
 
 
+def _run_rounds(ctl: AdaptiveDepth | None, depth: int, n_rounds: int, accept: Callable[[int, int, int], float],
+                rng: random.Random, c_d: float = C_D, jitter: float = 0.0, count_from: int = 0) -> tuple[float, list[int]]:
+    """Tokens per second over rounds ``count_from``.. of a run of ``n_rounds`` rounds, adaptive under
+    ``ctl`` or at fixed ``depth`` where ctl is None, and the depths used. ``accept(r, i, k)``: the
+    conditional acceptance of draft position i + 1 in round r, the k-th round that drafted (0: the
+    draft is wrong, and no random number is drawn for it). ``jitter``: +- relative noise on each
+    round's draft and verify costs (0: none, and no random number drawn)."""
+    t, tokens, last, used, drafted = 0.0, 0, None, [], 0
+    for r in range(n_rounds):
+        if ctl and last:
+            ctl.update(*last)
+        d = ctl.choose() if ctl else depth
+        used.append(d)
+        drafted += d > 0
+        a = 0
+        while a < d and (q := accept(r, a, drafted)) > 0 and rng.random() < q:
+            a += 1
+        j = 1.0 + jitter * (2 * rng.random() - 1) if jitter else 1.0
+        draft_s, verify_s = d * c_d * j, C_T1 * CURVE[d] * j
+        round_s = draft_s + verify_s + REM_ROUND + (a + 1) * REM_TOKEN
+        last = (d, a, draft_s, verify_s, round_s)
+        if r >= count_from:
+            t += round_s
+            tokens += a + 1
+    return tokens / t, used
+
+
 def _simulate_shift(probe_min: int | None, depth: int = 0, n_rounds: int = 1500, shift: int = 300,
                     c_d: float = 0.45e-3, seed: int = 1) -> tuple[float, list[int]]:
     """Tokens per second after round ``shift`` of a run (adaptive with ``probe_min``, or at fixed
     ``depth`` where probe_min is None) whose conditional acceptance is 0.9 at draft position 1 and
     0.2 beyond it for the first ``shift`` rounds, then 0.95 everywhere (a reply that turns
     predictable); a draft step of ``c_d`` seconds (cheap enough that depths >= 3 pay clearly)."""
-    rng = random.Random(seed)
     ctl = AdaptiveDepth(probe_min=probe_min) if probe_min is not None else None
-    t, tokens, last, used = 0.0, 0, None, []
-    for r in range(n_rounds):
-        if ctl and last:
-            ctl.update(*last)
-        d = ctl.choose() if ctl else depth
-        used.append(d)
-        a = 0
-        while a < d and rng.random() < (0.95 if r >= shift else 0.9 if a == 0 else 0.2):
-            a += 1
-        draft_s, verify_s = d * c_d, C_T1 * CURVE[d]
-        round_s = draft_s + verify_s + REM_ROUND + (a + 1) * REM_TOKEN
-        last = (d, a, draft_s, verify_s, round_s)
-        if r >= shift:
-            t += round_s
-            tokens += a + 1
-    return tokens / t, used
+    return _run_rounds(ctl, depth, n_rounds, lambda r, i, k: 0.95 if r >= shift else 0.9 if i == 0 else 0.2,
+                       random.Random(seed), c_d=c_d, count_from=shift)
 
 
 def test_probing_finds_depths_that_became_worth_it():
@@ -187,26 +200,8 @@ def _simulate_unlucky_start(explore_min: int | None, depth: int = 0, n_rounds: i
     explore_min is None) whose first two drafting rounds are rejected at draft position 1 and
     whose acceptance is ``p`` at every position after that (the real pair's C, Rust, French and
     German replies: an early miss, then 90-95%)."""
-    rng = random.Random(seed)
     ctl = AdaptiveDepth(explore_min=explore_min) if explore_min is not None else None
-    t, tokens, last, used, drafted = 0.0, 0, None, [], 0
-    for _ in range(n_rounds):
-        if ctl and last:
-            ctl.update(*last)
-        d = ctl.choose() if ctl else depth
-        used.append(d)
-        a = 0
-        if d:
-            drafted += 1
-            while a < d and drafted > 2 and rng.random() < p:
-                a += 1
-        jitter = 1.0 + 0.03 * (2 * rng.random() - 1)
-        draft_s, verify_s = d * C_D * jitter, C_T1 * CURVE[d] * jitter
-        round_s = draft_s + verify_s + REM_ROUND + (a + 1) * REM_TOKEN
-        last = (d, a, draft_s, verify_s, round_s)
-        t += round_s
-        tokens += a + 1
-    return tokens / t, used
+    return _run_rounds(ctl, depth, n_rounds, lambda r, i, k: p if k > 2 else 0.0, random.Random(seed), jitter=0.03)
 
 
 def test_early_rejections_do_not_end_drafting():
@@ -257,6 +252,37 @@ def test_exploration_skipped_where_drafting_cannot_pay():
     assert cpu == run(1.0, explore_min=0) and cpu[-6:] == [0] * 6, cpu
     gpu = run(0.12)  # every draft accepted and cheap verify rows: drafting pays, no d = 0
     assert min(gpu[1:]) >= 1, gpu
+
+
+def test_exploration_drafts_at_depth_one():
+    """Exploring runs the cheapest drafting round, d = 1 (not the start depth or the best drafting
+    depth), exactly until explore_min rounds have drafted (the two start rounds count), then plain
+    decoding where the draft is never right."""
+    ctl = AdaptiveDepth(start=4)
+    used = []
+    for _ in range(24):
+        d = ctl.choose()
+        used.append(d)
+        draft_s, verify_s = d * 0.4e-3, 1e-3 * (1 + 0.12 * d)
+        ctl.update(d, 0, draft_s, verify_s, draft_s + verify_s + 0.05e-3, first_s=0.4e-3 if d else None)
+    n = ctl.explore_min - 2
+    assert used == [0, 4, 4] + [1] * n + [0] * (24 - 3 - n), used
+
+
+def test_drafting_can_pay_prices_unmeasured_widths_on_the_steepest_slope():
+    """Unmeasured verify widths are priced on the steepest per-row slope measured from nt = 1, so one
+    cheap-looking width cannot make deep rounds look profitable. Here nt = 2 measured 0.2 ms a row
+    above nt = 1 and nt = 3 1.0 ms a row; the first draft step costs 0.9 ms, later ones 0.1 ms: on the
+    shallow slope d = 8 would pay (9 tokens in 4.2 ms against 1 in 1 ms), on the steep one no depth does."""
+    def ctl_with(verify_nt3: float) -> AdaptiveDepth:
+        ctl = AdaptiveDepth()
+        ctl.update(0, 0, 0.0, 1.0e-3, 1.0e-3)
+        ctl.update(1, 1, 0.9e-3, 1.2e-3, 2.1e-3, first_s=0.9e-3)
+        ctl.update(2, 2, 1.0e-3, verify_nt3, 1.0e-3 + verify_nt3, first_s=0.9e-3)
+        return ctl
+
+    assert not ctl_with(3.0e-3).drafting_can_pay(1000.0)
+    assert ctl_with(1.4e-3).drafting_can_pay(1000.0)  # both slopes 0.2 ms: d = 8 pays
 
 
 @pytest.mark.parametrize("max_depth", [0, 1, 3])
