@@ -3,7 +3,7 @@ two or more settings of one environment knob (e.g. PYMINFER_ADAPTIVE_EXPLORE=0,1
 depth (--depths: with the adaptive mode, its first depth), interleaved,
 on the prompts of bench/greedy_real_pair.json (the four bench prompts and the twenty identity-test
 prompts, chat-templated ids as stored). Prints each prompt's speedup over plain decoding per
-setting (medians of --reps runs) and the means by category, and checks every speculative output
+setting (medians of --reps runs; the mean depth of the runs beside it) and the means by category, and checks every speculative output
 against the plain one (greedy: they must be identical; a difference is reported and exits 1).
 
     python3 bench/spec_ab.py -m TARGET.gguf --spec-draft DRAFT.gguf --env PYMINFER_ADAPTIVE_EXPLORE=0,12 \
@@ -79,7 +79,7 @@ def main() -> int:
         ids = p["prompt"]
         plain: list[float] = []
         spec: dict[str, list[float]] = {lab: [] for lab, _, _ in settings}
-        depth_of: dict[str, float] = {}
+        depth_of: dict[str, list[float]] = {lab: [] for lab, _, _ in settings}
         for _ in range(a.reps):  # interleaved: plain, then each setting, a round at a time
             r = generate(target, ids, params, a.n)
             plain.append(r.timings["decode_tok_s"])
@@ -90,7 +90,7 @@ def main() -> int:
                     os.environ.pop(name, None)
                 s = generate(target, ids, params, a.n, draft=draft, spec_draft_n=dn, spec_adaptive=adaptive)
                 spec[lab].append(s.timings["decode_tok_s"])
-                depth_of[lab] = s.spec["mean_depth"]
+                depth_of[lab].append(s.spec["mean_depth"])
                 if s.generated_ids != r.generated_ids:
                     bad += 1
                     print(f"MISMATCH: {p['text'][:30]!r} under {lab}", file=sys.stderr)
@@ -99,7 +99,7 @@ def main() -> int:
         by_cat.setdefault("code" if p["cat"] == "code" else "other", []).append(sp)
         text = p["text"][:28].replace("\n", " ").replace("|", "/")
         print(f"| {p['cat']}: {text} | {pm:.1f} | "
-              + " | ".join(f"{x:.3f} ({depth_of[lab]:.2f})" for x, (lab, _, _) in zip(sp, settings)) + " |", flush=True)
+              + " | ".join(f"{x:.3f} ({statistics.mean(depth_of[lab]):.2f})" for x, (lab, _, _) in zip(sp, settings)) + " |", flush=True)
     for cat, rows in by_cat.items():
         means = [statistics.mean(r[i] for r in rows) for i in range(len(settings))]
         print(f"| mean {cat} ({len(rows)}) | | " + " | ".join(f"{x:.3f}" for x in means) + " |")
