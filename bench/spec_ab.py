@@ -3,8 +3,8 @@ two or more settings of one environment knob (e.g. PYMINFER_ADAPTIVE_EXPLORE=0,1
 depth (--depths: with the adaptive mode, its first depth), interleaved,
 on the prompts of bench/greedy_real_pair.json (the four bench prompts and the twenty identity-test
 prompts, chat-templated ids as stored). Prints each prompt's speedup over plain decoding per
-setting (medians of --reps runs; the mean depth of the runs beside it) and the means by category, and checks every speculative output
-against the plain one (greedy: they must be identical; a difference is reported and exits 1).
+setting (medians of --reps runs; beside it the runs' mean depth) and the means by category, and
+checks every speculative output against the plain one (greedy: they must be identical; a difference is reported and exits 1).
 
     python3 bench/spec_ab.py -m TARGET.gguf --spec-draft DRAFT.gguf --env PYMINFER_ADAPTIVE_EXPLORE=0,12 \
         [--mode "--spec-draft-adaptive"] [-n 256] [--reps 3] [--device cuda]
@@ -99,7 +99,8 @@ def main() -> int:
         by_cat.setdefault("code" if p["cat"] == "code" else "other", []).append(sp)
         text = p["text"][:28].replace("\n", " ").replace("|", "/")
         print(f"| {p['cat']}: {text} | {pm:.1f} | "
-              + " | ".join(f"{x:.3f} ({statistics.mean(depth_of[lab]):.2f})" for x, (lab, _, _) in zip(sp, settings)) + " |", flush=True)
+              + " | ".join(f"{x:.3f} ({statistics.mean(depth_of[lab]):.2f})" for x, (lab, _, _) in zip(sp, settings))
+              + " |", flush=True)
     for cat, rows in by_cat.items():
         means = [statistics.mean(r[i] for r in rows) for i in range(len(settings))]
         print(f"| mean {cat} ({len(rows)}) | | " + " | ".join(f"{x:.3f}" for x in means) + " |")

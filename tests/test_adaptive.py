@@ -117,7 +117,8 @@ def test_lower_hysteresis_still_close_to_best(p, monkeypatch):
 
 
 def _run_rounds(ctl: AdaptiveDepth | None, depth: int, n_rounds: int, accept: Callable[[int, int, int], float],
-                rng: random.Random, c_d: float = C_D, jitter: float = 0.0, count_from: int = 0) -> tuple[float, list[int]]:
+                rng: random.Random, c_d: float = C_D, jitter: float = 0.0,
+                count_from: int = 0) -> tuple[float, list[int]]:
     """Tokens per second over rounds ``count_from``.. of a run of ``n_rounds`` rounds, adaptive under
     ``ctl`` or at fixed ``depth`` where ctl is None, and the depths used. ``accept(r, i, k)``: the
     conditional acceptance of draft position i + 1 in round r, the k-th round that drafted (0: the
