@@ -4,7 +4,8 @@ depth (--depths: with the adaptive mode, its first depth), interleaved,
 on the prompts of bench/greedy_real_pair.json (the four bench prompts and the twenty identity-test
 prompts, chat-templated ids as stored). Prints each prompt's speedup over plain decoding per
 setting (medians of --reps runs; beside it the runs' mean depth) and the means by category, and
-checks every speculative output against the plain one (greedy: they must be identical; a difference is reported and exits 1).
+checks every speculative output against the plain one (greedy: they must be identical; a difference
+is reported and exits 1).
 
     python3 bench/spec_ab.py -m TARGET.gguf --spec-draft DRAFT.gguf --env PYMINFER_ADAPTIVE_EXPLORE=0,12 \
         [--mode "--spec-draft-adaptive"] [-n 256] [--reps 3] [--device cuda]
