@@ -5,7 +5,8 @@ n-gram drafts tried before the draft model. CPU only, seconds; an estimate, not 
 Data (bench/greedy_real_pair.json): per prompt, the 1.5B target's 256 greedy ids and whether the
 0.5B draft's greedy choice on each prefix agrees. A draft-model round at depth d from token i accepts
 the run of agreements from i (up to d); an n-gram round accepts the proposal's prefix that equals
-the target's reply. Replies are cut at the first end-of-generation token. With --p-min a draft-model
+the target's reply. Replies end at the first end-of-generation token; a round's depth is capped at
+the 256 tokens asked for, not at that end (the loop cannot see it coming). With --p-min a draft-model
 round also stops where the draft's top-1 probability (draft_p) falls below it. Costs (ms, defaults: the
 H200, docs/perf.md session 15): the target's C_T(nt), the draft's C_D(nt) (a first draft step
 feeds every committed token the draft has not seen: 1-2 after a drafting round, more after n-gram
@@ -41,6 +42,10 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False,
     cd0 = [0.0] + [float(x) for x in a.cd.split(",")]
     gen = item["gen"]
     n = next((i + 1 for i, t in enumerate(gen) if t in EOS), len(gen))
+    # The loop caps a round's depth at what the caller will take (max_tokens = len(gen)), not at the
+    # reply's end, which it cannot know: a round that reaches the end of generation has spent its
+    # draft steps and verify rows all the same (--oracle-end: capped at the end, as before session 38).
+    cap = n if a.oracle_end else len(gen)
     agree = [c == "1" for c in item["agree"]]
     hist = list(item["prompt"]) + gen[:1]
     index = NgramIndex(NgramSpec(n=a.n, m=a.m)) if mode in ("ngram", "both") else None
@@ -55,7 +60,7 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False,
         jj = 1.0 + a.jitter * (2 * rng.random() - 1)
         ct = [c * jj for c in ct0]
         cd = [c * jj for c in cd0]
-        props = index.propose(hist, n - j - 1) if index else []
+        props = index.propose(hist, cap - j - 1) if index else []
         if props:
             acc = 0
             while acc < len(props) and props[acc] == gen[j + acc]:
@@ -63,7 +68,7 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False,
             t += ct[len(props) + 1] + a.host
             behind += acc + 1
         elif mode in ("draft", "both") and (a.d > 0 or ctl):
-            d = min(ctl.choose() if ctl else a.d, n - j - 1)
+            d = min(ctl.choose() if ctl else a.d, cap - j - 1)
             if ctl:
                 ctl.cur = ctl.history[-1] = d
             if d == 0:
@@ -113,6 +118,8 @@ def main() -> None:
     ap.add_argument("--explore", type=int, default=12, help="adaptive depth: drafting rounds before d = 0 may be chosen")
     ap.add_argument("--jitter", type=float, default=0.0, help="+- relative noise on each round's GPU costs")
     ap.add_argument("--seeds", type=int, default=1, help="runs per prompt (with --jitter: each its own noise), averaged")
+    ap.add_argument("--oracle-end", action="store_true",
+                    help="cap each round at the reply's end (the replay before session 38; the loop cannot)")
     ap.add_argument("--lump", action="store_true",
                     help="adaptive depth: price every draft step at the round's mean (no first-step split)")
     a = ap.parse_args()
