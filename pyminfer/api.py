@@ -47,10 +47,13 @@ class MessageError(ValueError):
         self.param = param
 
 
-def _draft_depth(spec_draft_n: int | None, max_nt: int) -> int:
-    """spec_draft_n, or for None the default 4 capped at what a verify forward of the target's
-    max_nt (n_ubatch) rows holds, as the CLI's --spec-draft-n when not given."""
-    return spec_draft_n if spec_draft_n is not None else max(0, min(4, max_nt - 1))
+def _draft_depth(spec_draft_n: int | None, max_nt: int, adaptive: bool) -> int:
+    """spec_draft_n, or for None the default (4; with adaptive depth its first depth, 1) capped at
+    what a verify forward of the target's max_nt (n_ubatch) rows holds, as the CLI's --spec-draft-n
+    when not given (pyminfer.spec.default_draft_n)."""
+    from .spec import default_draft_n
+
+    return spec_draft_n if spec_draft_n is not None else default_draft_n(adaptive, max_nt)
 
 
 def _check_spec(spec_draft_n: Any, spec_adaptive: Any, has_draft: bool) -> None:
@@ -84,8 +87,8 @@ class LLM:
         n_threads: CPU threads (0: all cores).
         spec_draft_n: draft tokens per speculative round (0..8; checked with or without a draft,
             a UserWarning without one, as the CLI warns; with a draft at most n_ubatch - 1), or with
-            spec_adaptive the first depth tried (capped at n_ubatch - 1); None (default): 4, capped
-            at n_ubatch - 1.
+            spec_adaptive the first depth tried (capped at n_ubatch - 1); None (default): 4, or 1
+            with spec_adaptive (pyminfer.spec.default_draft_n), capped at n_ubatch - 1.
         spec_adaptive: choose the draft depth each round (needs draft_model).
         spec_ngram: n-gram drafts (pyminfer.ngram.NgramSpec(n, m); llama.cpp's
             ``--spec-type ngram-simple``), alone or before the draft model; None: off.
@@ -143,7 +146,7 @@ class LLM:
         except BaseException:
             self.close()
             raise
-        self.spec_draft_n = _draft_depth(spec_draft_n, self._model.max_nt)
+        self.spec_draft_n = _draft_depth(spec_draft_n, self._model.max_nt, bool(spec_adaptive))
         self.spec_adaptive = spec_adaptive
         self.spec_ngram = spec_ngram
         self._lock = threading.Lock()
@@ -157,7 +160,7 @@ class LLM:
                     spec_adaptive: bool = False, spec_ngram: NgramSpec | None = None) -> "LLM":
         """Wrap already loaded pyminfer.engine.Model objects (e.g. from the CLI's loader); the LLM
         takes ownership (close() frees them). ``spec_draft_n`` etc. as the constructor's (None: 4,
-        capped at the target's max_nt - 1). Raises VocabMismatch for an incompatible draft."""
+        or 1 with spec_adaptive, capped at the target's max_nt - 1). Raises VocabMismatch for an incompatible draft."""
         _check_spec(spec_draft_n, spec_adaptive, draft is not None)
         self = cls.__new__(cls)
         self.model_path = Path(model.gguf.path)
@@ -166,7 +169,7 @@ class LLM:
             from .spec import check_draft
 
             check_draft(model, draft)
-        self.spec_draft_n = _draft_depth(spec_draft_n, model.max_nt)
+        self.spec_draft_n = _draft_depth(spec_draft_n, model.max_nt, bool(spec_adaptive))
         self.spec_adaptive = spec_adaptive
         self.spec_ngram = spec_ngram
         self._lock = threading.Lock()

@@ -41,10 +41,12 @@ class ChatSession:
 
     ``cache_ids``: ids whose K/V are valid in the target cache (positions 0..len-1);
     ``draft_ids``: the same for the draft model's cache (when speculative decoding is on).
+    ``spec_draft_n`` / ``spec_adaptive`` / ``spec_ngram``: as generate_stream's (None: 4, or 1 with
+    spec_adaptive).
     """
 
     def __init__(self, model: Any, draft: Any = None, *, params: SamplingParams | None = None,
-                 max_tokens: int = 1024, system: str | None = None, spec_draft_n: int = 4,
+                 max_tokens: int = 1024, system: str | None = None, spec_draft_n: int | None = None,
                  spec_adaptive: bool = False, spec_ngram: NgramSpec | None = None):
         self.model, self.draft = model, draft
         self.tok = model.tokenizer

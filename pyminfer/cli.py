@@ -66,7 +66,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft", default=None, metavar="MODEL", help="draft model for speculative decoding")
     p.add_argument("--spec-draft-n", type=int, default=4, metavar="D", action=_Given,
                    help="draft tokens per round (0..8); with --spec-draft-adaptive the first depth tried "
-                        "(default: %(default)s, lowered to -ub - 1 for a smaller -ub)")
+                        "(default: %(default)s, with --spec-draft-adaptive 1; lowered to -ub - 1 for a smaller -ub)")
     p.add_argument("--spec-draft-adaptive", action="store_true", help="choose the draft depth each round")
     p.add_argument("--spec-type", default="none", choices=["none", "ngram-simple"],
                    help="draft without a model too (as llama.cpp): ngram-simple = the tokens that followed the "
@@ -183,11 +183,13 @@ def _check_common(args: argparse.Namespace) -> None:
             _check_arg_text(v, f"--{opt}")
     if getattr(args, "spec_draft", None) is None and getattr(args, "spec_draft_adaptive", False):
         raise ValueError("--spec-draft-adaptive needs a draft model (--spec-draft MODEL)")
+    from .spec import MAX_DEPTH, default_draft_n
+    given = getattr(args, "given", None) or set()  # options that only matter beside another one
+    if hasattr(args, "spec_draft_n") and "--spec-draft-n" not in given:  # (4; adaptive depth starts at 1)
+        args.spec_draft_n = default_draft_n(bool(getattr(args, "spec_draft_adaptive", False)))
     n = getattr(args, "spec_draft_n", 4)
-    from .spec import MAX_DEPTH
     if not 0 <= n <= MAX_DEPTH:  # before the warning below: a value no run could use is an error
         raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {n}")
-    given = getattr(args, "given", None) or set()  # options that only matter beside another one
     for opts, needs, missing in (
             (["--spec-draft-n"], "--spec-draft", getattr(args, "spec_draft", None) is None),
             (["--spec-ngram-size-n", "--spec-ngram-size-m"], "--spec-type ngram-simple",

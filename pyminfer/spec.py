@@ -46,6 +46,22 @@ from .sampling import NaNLogitsError, Sampler
 from .tokenizer import Tokenizer
 
 MAX_DEPTH = 8  # verify nt = 9: bitwise on the CPU and, graphed as 8 + 1 mat-vec rows, on CUDA
+FIXED_DEPTH = 4  # draft tokens a round where none is asked for (--spec-draft-n's default)
+# The adaptive controller's first drafting depth where none is asked for: d = 1, the cheapest round
+# that observes draft position 1. Start rounds at d = 4 are paid in full by a reply that ends soon (a
+# short chat answer: the H200 ran "What is the capital of Australia..." at 0.75-0.79x of plain
+# decoding, 8 tokens) or whose first draft tokens miss. Replayed on the real pair's 24 replies with
+# the loop's own depth cap (bench/ngram_replay.py, docs/perf.md session 38): code 1.061x from d = 1 vs
+# 1.060x from d = 4, the rest 1.014x vs 0.996x, that short answer 1.09x vs 0.76x. Not yet A/B'd on a GPU.
+ADAPTIVE_START = 1
+
+
+def default_draft_n(adaptive: bool, max_nt: int | None = None) -> int:
+    """The draft depth where none is given: FIXED_DEPTH (4) draft tokens a round, or with adaptive
+    depth its first depth ADAPTIVE_START (1); capped at ``max_nt`` - 1 (a verify forward of d + 1 rows
+    must fit the target's max_nt, n_ubatch) when max_nt is given, so 0 for max_nt 1. Raises nothing."""
+    d = ADAPTIVE_START if adaptive else FIXED_DEPTH
+    return d if max_nt is None else max(0, min(d, max_nt - 1))
 
 
 class VocabMismatch(ValueError):
@@ -355,7 +371,9 @@ def adaptive_explore() -> int:
 
 class SpecDecoder:
     """Token source for generate_stream: target + draft model (fixed or adaptive depth) and/or
-    n-gram drafts (``ngram``); at least one of ``draft`` and ``ngram`` must be given.
+    n-gram drafts (``ngram``); at least one of ``draft`` and ``ngram`` must be given. ``draft_n``:
+    draft tokens a round, or with ``adaptive`` the controller's first depth; None: default_draft_n
+    (4, or 1 with adaptive; capped at the target's max_nt - 1).
 
     Raises VocabMismatch at construction for an incompatible draft; ValueError for a depth outside
     0..MAX_DEPTH (deeper verify batches are not bitwise on every backend), for adaptive depth
@@ -363,7 +381,7 @@ class SpecDecoder:
     a NgramSpec.
     """
 
-    def __init__(self, target: Model, draft: Model | None, sampler: Sampler, *, draft_n: int = 4,
+    def __init__(self, target: Model, draft: Model | None, sampler: Sampler, *, draft_n: int | None = None,
                  adaptive: bool = False, ngram: NgramSpec | None = None):
         if ngram is not None and not isinstance(ngram, NgramSpec):
             raise TypeError(f"ngram must be a pyminfer.NgramSpec or None, got {type(ngram).__name__}")
@@ -376,6 +394,8 @@ class SpecDecoder:
                              f"small for --spec-ngram-size-m {ngram.m}: a verify forward takes {ngram.m + 1} tokens")
         if draft is None:
             draft_n = 0
+        elif draft_n is None:  # not asked for: default_draft_n, capped at what a verify forward holds
+            draft_n = default_draft_n(adaptive, target.max_nt)
         if not 0 <= draft_n <= MAX_DEPTH:
             raise ValueError(f"--spec-draft-n must be in 0..{MAX_DEPTH}, got {draft_n}")
         if draft_n + 1 > target.max_nt and not adaptive:  # (adaptive: the first depth is capped below)

@@ -612,12 +612,14 @@ def test_ubatch_size(smol_path):
                               "-ub/--ubatch-size 3 is too small for --spec-draft-n 4")
         assert "loaded" not in err
     # the default depth (not asked for) and the adaptive controller's first depth are capped at -ub - 1
-    # instead (both were refused, "--spec-draft-n 4" named though never given); the output is plain's
-    for extra in ([], ["--spec-draft-adaptive"], ["--spec-draft-adaptive", "--spec-draft-n", "4"]):
+    # instead (both were refused, "--spec-draft-n 4" named though never given); the output is plain's.
+    # Adaptive depth not asked for starts at 1 (spec.ADAPTIVE_START): lowered only for -ub 1.
+    for extra, d0 in (([], 4), (["--spec-draft-adaptive"], 1), (["--spec-draft-adaptive", "--spec-draft-n", "4"], 4)):
         for ub in ("3", "1"):
             r = _cli("run", *m, "-ub", ub, "--spec-draft", str(smol_path), *extra)
             assert r.returncode == 0 and r.stdout == a.stdout, (extra, ub, r.stderr)
-            assert f"draft depth lowered from 4 to {int(ub) - 1} for -ub {ub}".encode() in r.stderr  # said, not silent
+            said = f"draft depth lowered from {d0} to {int(ub) - 1} for -ub {ub}".encode() in r.stderr
+            assert said == (d0 > int(ub) - 1), (extra, ub, r.stderr)  # said where lowered, not silent
     with LLM(smol_path, device="cpu", n_ctx=64, draft_model=smol_path, n_ubatch=2, spec_adaptive=True) as s, \
             LLM(smol_path, device="cpu", n_ctx=64) as plain:
         args = ("The capital of France is",)

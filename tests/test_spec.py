@@ -125,6 +125,26 @@ def test_stats(smol, smol_draft):
     assert s["depth_counts"][4:] == [0] * (MAX_DEPTH - 3)
 
 
+def test_default_depths(smol, smol_draft):
+    """No depth asked for: 4 draft tokens a round, and adaptive depth starts at 1 (spec.ADAPTIVE_START:
+    a short reply or early misses pay deep start rounds in full); both capped at max_nt - 1. The
+    adaptive controller's first rounds are d = 0 (prices a plain forward), then its start twice."""
+    from pyminfer.sampling import Sampler
+    from pyminfer.spec import SpecDecoder, default_draft_n
+
+    assert (default_draft_n(False), default_draft_n(True), default_draft_n(False, 3), default_draft_n(True, 1)) \
+        == (4, 1, 2, 0)
+    sampler = Sampler(SamplingParams(temperature=0), smol.tokenizer)
+    assert SpecDecoder(smol, smol_draft, sampler).draft_n == 4
+    assert SpecDecoder(smol, smol_draft, sampler, adaptive=True).adaptive.start == 1
+    assert SpecDecoder(smol, smol_draft, sampler, draft_n=4, adaptive=True).adaptive.start == 4  # asked for
+    dec = SpecDecoder(smol, smol_draft, sampler, adaptive=True)
+    dec.max_tokens = 16
+    for _ in zip(range(16), dec.tokens(_ids(smol, PROMPTS[0][1], False))):
+        pass
+    assert dec.depths[:3] == [0, 1, 1], dec.depths
+
+
 def test_bad_depth(smol, smol_draft):
     with pytest.raises(ValueError, match="0..8"):
         generate(smol, [1, 2, 3], SamplingParams(temperature=0), 4, draft=smol_draft, spec_draft_n=9)
