@@ -50,7 +50,7 @@ def main() -> int:
     fixed = len(mode) == 2 and mode[0] == "--spec-draft-n" and mode[1].isdigit() and int(mode[1]) <= 8
     if not adaptive and not fixed:
         ap.error(f'--mode wants "--spec-draft-adaptive" or "--spec-draft-n D" (D in 0..8), got {a.mode!r}')
-    depth = int(mode[1]) if fixed else 4
+    depth = int(mode[1]) if fixed else None  # (adaptive: the product's default first depth)
     if a.reps < 1 or a.n < 1:
         ap.error("--reps and -n want at least 1")
     if (a.env is None) == (a.depths is None):
