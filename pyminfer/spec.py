@@ -369,6 +369,15 @@ def adaptive_explore() -> int:
     return _env_count("PYMINFER_ADAPTIVE_EXPLORE", 12, "no exploration")
 
 
+def _through_end(ids: list[int], eog: frozenset[int]) -> list[int]:
+    """``ids`` up to and including the first end-of-generation id in ``eog`` (all of them if none):
+    a draft past the end of generation could never be output."""
+    for k, t in enumerate(ids):
+        if t in eog:
+            return ids[:k + 1]
+    return ids
+
+
 class SpecDecoder:
     """Token source for generate_stream: target + draft model (fixed or adaptive depth) and/or
     n-gram drafts (``ngram``); at least one of ``draft`` and ``ngram`` must be given. ``draft_n``:
@@ -453,6 +462,7 @@ class SpecDecoder:
         T, D = self.target, self.draft
         need = self.sampler.p.needs_logits
         n_ctx = T.n_ctx  # the draft's context limits only how far it can draft (d = 0 past it)
+        eog = T.tokenizer.eog_ids  # generation ends at these: nothing past one is drafted or counted
         n_past = min(n_past, len(prompt_ids) - 1)
         t0 = time.perf_counter()
         out = T.prefill(list(prompt_ids[n_past:]), n_past, logits=need)
@@ -480,6 +490,7 @@ class SpecDecoder:
             if self.max_tokens is not None:  # past what the caller will take
                 room = min(room, self.max_tokens - self.emitted - 1)
             drafts: list[int] = index.propose(hist, room) if index is not None else []
+            drafts = _through_end(drafts, eog)
             from_ngram = bool(drafts)
             td = time.perf_counter()
             catch_up = 0
@@ -497,8 +508,13 @@ class SpecDecoder:
                     drafts.append(y)
                     t_first = time.perf_counter()
                     for i in range(1, d):
+                        if y in eog:  # past an end of generation nothing is output: stop drafting
+                            break
                         y = int(D.forward([y], p + i, [0], logits=False)[0])
                         drafts.append(y)
+                    d = len(drafts)
+                    if self.adaptive:
+                        self.adaptive.cur = self.adaptive.history[-1] = d
                     d_valid = p + d  # the draft saw hist[-1] at p and drafts[:d-1] at p+1..p+d-1
             tb = time.perf_counter()
             if not d or from_ngram:
@@ -508,20 +524,20 @@ class SpecDecoder:
             emitted: list[int] = []
             if d:
                 self.drafted_at[1:d + 1] += 1
+            a = 0  # drafts accepted: emitted[:a]
             for i in range(d + 1):
                 # the penalty window (last repeat_last_n tokens) is all a row's choice can look at
                 z = self._choose(rows[i], hist[-self.window:] + emitted if need else hist)
                 emitted.append(z)
-                if i == d or z != drafts[i]:
+                hit = i < d and z == drafts[i]
+                a += hit
+                if not hit or z in eog:  # generation ends at an end-of-generation token
                     break
-                self.accepted_at[i + 1] += 1
-            a = len(emitted) - 1
             if d > 0 and not from_ngram:
                 d_valid = min(d_valid, p + 1 + a)  # the draft's rows past the accepted prefix are stale
             if from_ngram:
                 self.ngram_rounds += 1
                 self.ngram_drafted += d
-                self.ngram_accepted += a
             self.draft_n_past = d_valid
             self.rounds += 1
             self.depths.append(d)
@@ -531,17 +547,21 @@ class SpecDecoder:
             # steps), and its costs only from rounds of the usual shape: one that first caught the
             # draft up on more than the usual 1-2 tokens (after n-gram rounds) has a longer first step.
             last_round = (d, a, tb - td, tc - tb, ta, catch_up <= 2, t_first - td) if not from_ngram else None
-            for z in emitted:
+            for k, z in enumerate(emitted):
                 hist.append(z)
                 self.emitted += 1
+                if k < a:  # an accepted draft counts once the caller takes it (not past a stop string)
+                    self.accepted_at[k + 1] += 1
+                    self.ngram_accepted += from_ngram
                 yield z
 
     def spec_stats(self) -> dict[str, Any]:
         """Rounds, drafted/accepted counts (total and per draft position), acceptance, mean
         accepted length, tokens per round, draft and verify seconds, depths used (mean, and rounds
-        per depth 0..8), and the n-gram rounds' share of those. Counts cover whole rounds, including
-        tokens of the last round the caller did not consume; depths and counts include both draft
-        sources (an n-gram round's depth is the number of tokens it proposed)."""
+        per depth 0..8), and the n-gram rounds' share of those. Drafted counts every token drafted;
+        accepted only the accepted drafts the caller took (none past the end of generation or a stop
+        string that ended it); depths and counts include both draft sources (an n-gram round's depth
+        is the number of tokens it proposed)."""
         drafted = int(self.drafted_at.sum())
         accepted = int(self.accepted_at.sum())
         n = max(len(self.depths), 1)

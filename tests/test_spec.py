@@ -145,6 +145,32 @@ def test_default_depths(smol, smol_draft):
     assert dec.depths[:3] == [0, 1, 1], dec.depths
 
 
+def test_stats_end_at_the_end_of_generation(smol, smol_path):
+    """A draft identical to the target agrees on every token. A round that reaches an end-of-generation
+    token drafts nothing past it (the draft proposed the end: more drafts could never be output), and
+    accepted counts only drafts the caller took: not past the end, nor past a stop string (both once
+    counted the whole round: "accepted 8" for a reply of 3 tokens)."""
+    same = Model(smol_path, device="cpu", n_ctx=256)
+    try:
+        ids = _ids(smol, "What is 2+2? Answer with one number.", True)
+        r = generate(smol, ids, SamplingParams(temperature=0), 48, draft=same, spec_draft_n=8)
+        s = r.spec
+        assert r.finish_reason == "stop" and r.generated_ids[-1] in smol.tokenizer.eog_ids
+        # one round, its drafts all accepted up to and including the end, which was its own last draft
+        assert s["rounds"] == 1 and s["drafted"] == s["accepted"] == len(r.generated_ids) - 1 < 8, (r.text, s)
+        ids = _ids(smol, "Reply with the word yes.", True)
+        full = generate(smol, ids, SamplingParams(temperature=0), 48, draft=same, spec_draft_n=8)
+        stop = full.text.split()[8]  # "here": inside the second round's drafts
+        r = generate(smol, ids, SamplingParams(temperature=0, stop=[stop]), 48, draft=same, spec_draft_n=8)
+        s = r.spec
+        assert r.finish_reason == "stop" and len(r.generated_ids) < len(full.generated_ids)
+        # every taken token but each round's own last one is an accepted draft; nothing after the stop
+        n = len(r.generated_ids) - 1
+        assert n - s["rounds"] <= s["accepted"] <= n and s["accepted"] < s["drafted"], (r.text, s)
+    finally:
+        same.close()
+
+
 def test_bad_depth(smol, smol_draft):
     with pytest.raises(ValueError, match="0..8"):
         generate(smol, [1, 2, 3], SamplingParams(temperature=0), 4, draft=smol_draft, spec_draft_n=9)
