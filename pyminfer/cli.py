@@ -562,6 +562,16 @@ _LLAMA_ONLY: dict[tuple[str, ...], str] = {
     ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"): "the KV cache is f16",
     ("-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"): "pyminfer runs on one GPU",
     ("--mlock", "--no-mmap"): "the model file is always memory-mapped, read only",
+    ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"): "the draft runs wholly on the chosen --device too",
+    ("--draft-min", "--draft-p-min", "--spec-draft-p-min"):
+        "a round drafts its whole depth; --spec-draft-adaptive picks the depth each round",
+    ("-cd", "--ctx-size-draft"): "the draft's context size is the target's",
+}
+# llama.cpp's flags whose pyminfer counterpart has another name (refused, naming it: not aliased, since
+# llama.cpp's --draft-max is an upper bound that its p-min cut shortens, pyminfer's depth is exact)
+_LLAMA_RENAMED: dict[tuple[str, ...], str] = {
+    ("-md", "--model-draft"): "--spec-draft MODEL",
+    ("--draft", "--draft-n", "--draft-max"): "--spec-draft-n D (draft tokens a round, 0..8) or --spec-draft-adaptive",
 }
 
 
@@ -571,6 +581,9 @@ def _llama_only(tok: str) -> str | None:
     for names, why in _LLAMA_ONLY.items():
         if flag in names:
             return f"unrecognized argument: {flag} (llama.cpp's flag; not in pyminfer: {why})"
+    for names, ours in _LLAMA_RENAMED.items():
+        if flag in names:
+            return f"unrecognized argument: {flag} (llama.cpp's flag; pyminfer's: {ours})"
     return None
 
 

@@ -807,7 +807,11 @@ def test_cli_reports_usage_errors_and_missing_files_by_name(tmp_path, smol_path)
                                       (["--n-gpu-layers", "99"], "no partial offload"),
                                       (["--flash-attn"], "attention is always fused"), (["-cb"], "one generation at a time"),
                                       (["-tb", "2"], "--threads serves"), (["-ctk=q8_0"], "the KV cache is f16"),
-                                      (["-cx"], "write -c x")])
+                                      (["-cx"], "write -c x"),
+                                      # the draft flags: pyminfer's names given ("-md" hinted "write -m d")
+                                      (["-md", "x.gguf"], "pyminfer's: --spec-draft MODEL"),
+                                      (["--draft-max", "4"], "pyminfer's: --spec-draft-n D"),
+                                      (["--draft-p-min=0.5"], "--spec-draft-adaptive picks")])
 def test_llama_cpp_multi_letter_flags_are_refused(tmp_path, smol_path, monkeypatch, flags, why):
     """argparse read llama.cpp's -fa as -f a (the prompt silently came from a file named 'a') and
     -ngl 99 as -n gl; now each is a usage error that names the flag and says why pyminfer has no
