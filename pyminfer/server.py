@@ -1298,7 +1298,10 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                     # llama.cpp's: the tokens the KV cache holds now (every generated token but
                     # the last has been evaluated); the prompt tokens reused are timings.cache_n
                     "tokens_cached": len(ids) + max(len(res.generated_ids) - 1, 0),
-                    "truncated": False, "stop_type": _STOP_TYPES[res.stop_reason], "stopping_word": res.stop_word,
+                    # llama-server's truncated: generation stopped at a full context (its context
+                    # shift is off by default, as it always is here)
+                    "truncated": res.stop_reason == "context",
+                    "stop_type": _STOP_TYPES[res.stop_reason], "stopping_word": res.stop_word,
                     # llama-server's: the settings as /slots shows them, with the seed the sampler used
                     # (drawn at random when the request gave none: send it back to repeat the run)
                     "generation_settings": {**_slot_params(params, n, req.stream), "seed": res.seed},

@@ -1080,6 +1080,11 @@ def test_llama_cpp_completion_endpoint(local):
     # (a full context: every position fed, and one token more sampled from the last)
     assert d["stop_type"] == "eos" or (d["stop_type"] == "limit" and
                                        d["tokens_evaluated"] + d["tokens_predicted"] == state.llm.n_ctx + 1), d
+    assert d["truncated"] is (d["stop_type"] == "limit"), d  # llama-server's flag for a stop at a full context
+    assert w["truncated"] is False
+    fill = state.llm.tokenize(" the") * (state.llm.n_ctx - 3)  # 4 positions left: stops at the full context
+    f = c.post("/completion", json={"prompt": fill, "n_predict": 100, "temperature": 0}).json()
+    assert (f["stop_type"], f["truncated"], f["tokens_predicted"]) == ("limit", True, 4), f
     assert d["tokens_predicted"] > 16  # more than /v1/completions' default
     # streamed: {"content", "stop": false} pieces, then the final object, and no [DONE]
     r = c.post("/completion", json={**body, "n_predict": 4, "stream": True})
