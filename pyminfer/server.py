@@ -323,9 +323,10 @@ def _no_limit_as_none(n: int) -> int | None:
 
 
 class CompletionRequest(_GenRequest):
-    # OpenAI: a string, token ids, or a batch of either (completion_prompts: one choice per prompt)
-    # text, token ids, llama.cpp's mixed list of text pieces and ids, or a batch of one of the first two
-    prompt: Union[str, List[Int], List[str], List[List[Int]], List[Union[Int, str]]]
+    # OpenAI: a string, token ids, or a batch of either (completion_prompts: one choice per prompt);
+    # llama.cpp's: also a mixed list of text pieces and ids, and batches mixing all three kinds
+    prompt: Union[str, List[Int], List[str], List[List[Int]], List[Union[Int, str]],
+                  List[Union[str, List[Union[Int, str]]]]]
     # OpenAI's fill-in-the-middle: the text after the insertion point (a text prompt is the text
     # before it); non-empty: the FIM prompt of pyminfer.infill, for models with FIM tokens
     suffix: Optional[str] = None
@@ -408,7 +409,7 @@ _REQUESTS = (CompletionRequest, ChatRequest, ChatMessage, StreamOptions, Tokeniz
 _FIELDS = frozenset(name for m in _REQUESTS for name in m.model_fields)
 # What a union-typed field accepts, said plainly (pydantic reports one error per union member).
 _UNION_KINDS = {
-    "prompt": "a string, a list of token ids, a list of strings, or a list of strings and token ids",
+    "prompt": "a string, a list of token ids, a list of strings and token ids, or a list of such prompts",
     "stop": "a string or a list of strings",
     "content": "a string or a list of content parts",
     "logprobs": "a boolean or an integer",
@@ -1064,8 +1065,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                 raise APIError(400, "suffix (fill-in-the-middle) needs one text prompt: the text before the gap",
                                param="prompt", code="invalid_value")
             return [fim_prompt(llm, p, req.suffix, n=max_tokens(req, None), param="suffix", unsupported=400)]
-        if not (isinstance(p, list) and len(p) > 1 and isinstance(p[0], (str, list))
-                and all(isinstance(x, type(p[0])) for x in p)):
+        # llama.cpp's rule (tokenize_input_prompts): a list of ids, or of ids and text pieces, is one
+        # prompt; a list of strings and lists is a batch, each a string, ids or a mixed list
+        if not (isinstance(p, list) and len(p) > 1 and all(isinstance(x, (str, list)) for x in p)):
             return [completion_prompt(req, llm)]
         if req.stream:
             raise APIError(400, f"a batch of {len(p)} prompts cannot be streamed: send one prompt per streamed "
@@ -1081,6 +1083,8 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
 
     def completion_prompt(req: CompletionRequest, llm: LLM) -> list[int]:
         p = req.prompt
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):  # a batch of one
+            p = p[0]
         if isinstance(p, list) and any(isinstance(x, str) for x in p) and any(isinstance(x, int) for x in p):
             # llama.cpp's mixed prompt ([12, 34, "text", 56]): one prompt, each text piece tokenized,
             # the model's special tokens only with a text piece that comes first (its tokenize_mixed)
@@ -1096,10 +1100,6 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                 raise APIError(400, str(e), param="prompt") from None
             check_prompt(llm, ids)
             return ids
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):  # a batch of one (completion_prompts)
-            if len(p) != 1:
-                raise APIError(400, "a batch of prompts mixes strings and token-id lists", param="prompt")
-            p = p[0]
         if isinstance(p, str):
             check_prompt_text(llm, [p])
         try:

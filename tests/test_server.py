@@ -678,10 +678,10 @@ def test_validation_messages_name_the_field_plainly(local):
     """Not pydantic's union-member names ('prompt.str') nor its lax coercions."""
     c, _ = local
     cases = [
-        ({"prompt": 123}, "prompt", "prompt: must be a string, a list of token ids, a list of strings, or a list "
-         "of strings and token ids"),
-        ({"prompt": [1, None]}, "prompt", "prompt: must be a string, a list of token ids, a list of strings, or a "
-         "list of strings and token ids"),
+        ({"prompt": 123}, "prompt", "prompt: must be a string, a list of token ids, a list of strings and token "
+         "ids, or a list of such prompts"),
+        ({"prompt": [1, None]}, "prompt", "prompt: must be a string, a list of token ids, a list of strings and "
+         "token ids, or a list of such prompts"),
         ({"prompt": "x", "stop": 5}, "stop", "stop: must be a string or a list of strings"),
         ({"prompt": "x", "stream": "yes"}, "stream", 'stream: must be true or false, got "yes"'),
         ({"prompt": "x", "max_tokens": True}, "max_tokens", "max_tokens: must be an integer, got true"),
@@ -1027,6 +1027,17 @@ def test_mixed_prompt(local, monkeypatch):
         assert text(r) == text(want), r
     err = _error(c.post("/completion", json={"prompt": ["x", 10**7], "max_tokens": 1}))
     assert err["param"] == "prompt" and "outside the vocabulary" in err["message"], err
+    # llama.cpp's batches mix the three kinds (["string1", [12, 34, 56]], [[12, 34, "string", 56], [12, 34]]):
+    # one result per prompt, each as the prompt alone (a batch of one mixed list too; they were a 400)
+    kinds = ["The capital of France is", head + tail, ["The capital of", *tail]]
+    alone = [c.post("/completion", json={"prompt": k, "max_tokens": 3, "temperature": 0}).json()["content"]
+             for k in kinds]
+    for batch in ([kinds[0], kinds[1]], [kinds[2], kinds[1], kinds[0]], [kinds[2]]):
+        r = c.post("/completion", json={"prompt": batch, "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200, (batch, r.text)
+        out = r.json()
+        got = [o["content"] for o in out] if isinstance(out, list) else [out["content"]]
+        assert got == [alone[kinds.index(k)] for k in batch], (batch, got)
 
 
 def test_cache_prompt(local):
