@@ -366,6 +366,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import VERIFY_CURVE_NT
     from .spec import MAX_DEPTH
     spec = bool(args.spec_draft) or _ngram(args) is not None
+    if spec and args.verify_curve:  # (the speculative mode measured its own curve silently instead)
+        raise ValueError("--verify-curve and --spec-draft / --spec-type are separate bench modes: run one at a time")
     for on, rows, what in ((args.verify_curve, VERIFY_CURVE_NT, "--verify-curve"),
                            (spec, MAX_DEPTH + 1, "--spec-draft / --spec-type")):
         if on and args.ubatch_size is not None and args.ubatch_size < rows:

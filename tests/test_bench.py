@@ -77,6 +77,9 @@ def test_comma_lists(smol_path):
     assert bad.returncode == 2 and "comma-separated list" in bad.stderr
     one = bench("-m", str(smol_path), "--verify-curve", "-d", "0,32", ok=False)
     assert one.returncode == 1 and "-n and -d take one value with --verify-curve" in one.stderr
+    for spec in (["--spec-draft", str(smol_path)], ["--spec-type", "ngram-simple"]):  # the curve was dropped silently
+        both = bench("-m", str(smol_path), "--verify-curve", *spec, ok=False)
+        assert both.returncode == 1 and "are separate bench modes" in both.stderr, both.stderr
 
 
 def test_verify_curve(smol_path):
