@@ -204,7 +204,8 @@ def stats_line(res: GenerationResult | None, n_reused: int, n_prompt: int, n_gen
                      f"{t['prefill_tok_s']:.1f} tok/s)")
         if res.spec:
             s = res.spec
-            parts.append(f"spec acceptance {100 * s['acceptance_rate']:.1f}% ({s['accepted']}/{s['drafted']}), "
+            rate = f"{100 * s['acceptance_rate']:.1f}%" if s["drafted"] else "n/a"  # (nothing drafted)
+            parts.append(f"spec acceptance {rate} ({s['accepted']}/{s['drafted']}), "
                          f"{s['tokens_per_round']:.2f} tok/round")
         parts.append(f"finish: {res.finish_reason} ({res.stop_reason})")
     else:

@@ -298,8 +298,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"({res.stop_reason}){'' if params.greedy else f' | seed {res.seed}'}")
         if res.spec:
             s = res.spec
+            rate = f"{100 * s['acceptance_rate']:.1f}%" if s["drafted"] else "n/a"  # (nothing drafted)
             log(f"pyminfer: spec rounds {s['rounds']}, drafted {s['drafted']}, accepted {s['accepted']} "
-                f"({100 * s['acceptance_rate']:.1f}%), {s['tokens_per_round']:.2f} tok/round, mean depth "
+                f"({rate}), {s['tokens_per_round']:.2f} tok/round, mean depth "
                 f"{s['mean_depth']:.2f}, draft {s['draft_s']:.2f} s, verify {s['verify_s']:.2f} s")
             if s.get("ngram"):
                 log(f"pyminfer: spec n-gram rounds {s['ngram_rounds']}, drafted {s['ngram_drafted']}, accepted "

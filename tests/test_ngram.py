@@ -145,6 +145,10 @@ def test_cli_run_json_reports_ngram_rounds(smol_path):
     assert out.returncode == 0, out.stderr
     spec = json.loads(out.stdout)["spec"]
     assert spec["ngram"] and spec["ngram_rounds"] > 0 and spec["ngram_accepted"] > 0
+    # nothing drafted (no earlier n-gram in a 1-token prompt): acceptance n/a, not 0%
+    out = _cli("run", "-m", str(smol_path), "--device", "cpu", "-p", "x", "-n", "3", "--temp", "0",
+               "--spec-type", "ngram-simple")
+    assert out.returncode == 0 and "drafted 0, accepted 0 (n/a)" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("args,msg", [(["--spec-ngram-size-m", "9"], "(--spec-ngram-size-m) must be in 1..8"),
