@@ -43,8 +43,9 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False,
     gen = item["gen"]
     n = next((i + 1 for i, t in enumerate(gen) if t in EOS), len(gen))
     # The loop caps a round's depth at what the caller will take (max_tokens = len(gen)), not at the
-    # reply's end, which it cannot know: a round that reaches the end of generation has spent its
-    # draft steps and verify rows all the same (--oracle-end: capped at the end, as before session 38).
+    # reply's end, which it cannot know; it stops drafting only after a drafted end-of-generation token
+    # (the draft predicted the end), else a round past the end spends its draft steps and verify rows
+    # all the same (--oracle-end: capped at the end, as before session 38).
     cap = n if a.oracle_end else len(gen)
     agree = [c == "1" for c in item["agree"]]
     hist = list(item["prompt"]) + gen[:1]
@@ -61,6 +62,7 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False,
         ct = [c * jj for c in ct0]
         cd = [c * jj for c in cd0]
         props = index.propose(hist, cap - j - 1) if index else []
+        props = next((props[:i + 1] for i, t in enumerate(props) if t in EOS), props)  # (the loop's cut)
         if props:
             acc = 0
             while acc < len(props) and props[acc] == gen[j + acc]:
@@ -84,6 +86,14 @@ def replay(item: dict, mode: str, a: argparse.Namespace, adaptive: bool = False,
                 if a.p_min > 0:
                     k = next((i for i in range(d) if item["draft_p"][j + i] < a.p_min), d)
                 steps = min(k + 1, d)
+                # the draft proposes the end where it agrees with the target up to it: drafting stops
+                # there, that step the last (past a disagreement its tokens are unknown: no end assumed)
+                for i in range(k):
+                    if not agree[j + i]:
+                        break
+                    if gen[j + i] in EOS:
+                        k = steps = i + 1
+                        break
                 first = cd[min(behind, 8)] + max(behind - 8, 0) * a.catchup  # feeds the unseen tokens
                 dr = first + (steps - 1) * cd[1]
                 t += dr + ct[k + 1] + (k + 1) * a.host

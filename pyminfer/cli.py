@@ -567,8 +567,10 @@ _LLAMA_ONLY: dict[tuple[str, ...], str] = {
     ("--mlock", "--no-mmap"): "the model file is always memory-mapped, read only",
     ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"): "the draft runs wholly on the chosen --device too",
     ("--draft-min", "--draft-p-min", "--spec-draft-p-min"):
-        "a round drafts its whole depth; --spec-draft-adaptive picks the depth each round",
+        "a round drafts its depth (up to an end of generation); --spec-draft-adaptive picks it each round",
     ("-cd", "--ctx-size-draft"): "the draft's context size is the target's",
+    ("-devd", "--device-draft"): "the draft runs on the chosen --device too",
+    ("--draft-p-split",): "one draft sequence a round",
 }
 # llama.cpp's flags whose pyminfer counterpart has another name (refused, naming it: not aliased, since
 # llama.cpp's --draft-max is an upper bound that its p-min cut shortens, pyminfer's depth is exact)

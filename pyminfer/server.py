@@ -318,6 +318,21 @@ class _GenRequest(_Request):
         return False, None
 
 
+def _prompt_kind(p: Any) -> str | None:
+    """What one completion prompt is, by llama.cpp's rule (its tokenize_input_prompts): "text" (a
+    string), "ids" (a list of token ids, empty included), "mixed" (a list of text pieces and ids, at
+    least one of each); None for anything else (a batch: a list of strings, or of lists)."""
+    if isinstance(p, str):
+        return "text"
+    if isinstance(p, list) and all(isinstance(x, (int, str)) for x in p):
+        has_text, has_ids = any(isinstance(x, str) for x in p), any(isinstance(x, int) for x in p)
+        if not has_text:
+            return "ids"
+        if has_ids:
+            return "mixed"
+    return None
+
+
 def _no_limit_as_none(n: int) -> int | None:
     return None if n < 0 else n
 
@@ -1065,27 +1080,30 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
                 raise APIError(400, "suffix (fill-in-the-middle) needs one text prompt: the text before the gap",
                                param="prompt", code="invalid_value")
             return [fim_prompt(llm, p, req.suffix, n=max_tokens(req, None), param="suffix", unsupported=400)]
-        # llama.cpp's rule (tokenize_input_prompts): a list of ids, or of ids and text pieces, is one
-        # prompt; a list of strings and lists is a batch, each a string, ids or a mixed list
-        if not (isinstance(p, list) and len(p) > 1 and all(isinstance(x, (str, list)) for x in p)):
-            return [completion_prompt(req, llm)]
-        if req.stream:
+        # llama.cpp's rule (tokenize_input_prompts): a string, a list of ids, or a list of ids and text
+        # pieces is one prompt; any other list is a batch of such prompts (a batch of one included)
+        if _prompt_kind(p) is not None:
+            return [completion_prompt(p, llm)]
+        assert isinstance(p, list)  # (the request model admits nothing else)
+        if req.stream and len(p) > 1:
             raise APIError(400, f"a batch of {len(p)} prompts cannot be streamed: send one prompt per streamed "
                            "request", param="prompt")
         out = []
         for i, x in enumerate(p):
             try:
-                out.append(completion_prompt(req.model_copy(update={"prompt": x}), llm))
+                if _prompt_kind(x) is None:  # (llama.cpp's refusal: a list of strings alone, say)
+                    raise APIError(400, "must be a string, a list of token ids, or a list of strings and token ids",
+                                   param="prompt")
+                out.append(completion_prompt(x, llm))
             except APIError as e:
                 e.message = f"prompt {i}: {e.message}"
                 raise
         return out
 
-    def completion_prompt(req: CompletionRequest, llm: LLM) -> list[int]:
-        p = req.prompt
-        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):  # a batch of one
-            p = p[0]
-        if isinstance(p, list) and any(isinstance(x, str) for x in p) and any(isinstance(x, int) for x in p):
+    def completion_prompt(p: Any, llm: LLM) -> list[int]:
+        """One prompt (a _prompt_kind: text, token ids or a mixed list) as checked token ids; raises
+        APIError (400) for ids outside the vocabulary, bad text or a prompt that does not fit n_ctx."""
+        if _prompt_kind(p) == "mixed":
             # llama.cpp's mixed prompt ([12, 34, "text", 56]): one prompt, each text piece tokenized,
             # the model's special tokens only with a text piece that comes first (its tokenize_mixed)
             check_prompt_text(llm, [x for x in p if isinstance(x, str)])

@@ -51,8 +51,9 @@ FIXED_DEPTH = 4  # draft tokens a round where none is asked for (--spec-draft-n'
 # that observes draft position 1. Start rounds at d = 4 are paid in full by a reply that ends soon (a
 # short chat answer: the H200 ran "What is the capital of Australia..." at 0.75-0.79x of plain
 # decoding, 8 tokens) or whose first draft tokens miss. Replayed on the real pair's 24 replies with
-# the loop's own depth cap (bench/ngram_replay.py, docs/perf.md session 38): code 1.061x from d = 1 vs
-# 1.060x from d = 4, the rest 1.014x vs 0.996x, that short answer 1.09x vs 0.76x. Not yet A/B'd on a GPU.
+# the loop's own depth cap and end-of-generation stop (bench/ngram_replay.py, docs/perf.md session 38):
+# code 1.062x from d = 1 vs 1.060x from d = 4, the rest 1.014x vs 0.996x, that short answer 1.09x vs
+# 1.02x. Not yet A/B'd on a GPU.
 ADAPTIVE_START = 1
 
 
@@ -513,8 +514,8 @@ class SpecDecoder:
                         y = int(D.forward([y], p + i, [0], logits=False)[0])
                         drafts.append(y)
                     d = len(drafts)
-                    if self.adaptive:
-                        self.adaptive.cur = self.adaptive.history[-1] = d
+                    if self.adaptive:  # what ran; the depth chosen (cur) stays the one to beat
+                        self.adaptive.history[-1] = d
                     d_valid = p + d  # the draft saw hist[-1] at p and drafts[:d-1] at p+1..p+d-1
             tb = time.perf_counter()
             if not d or from_ngram:
@@ -560,8 +561,9 @@ class SpecDecoder:
         accepted length, tokens per round, draft and verify seconds, depths used (mean, and rounds
         per depth 0..8), and the n-gram rounds' share of those. Drafted counts every token drafted;
         accepted only the accepted drafts the caller took (none past the end of generation or a stop
-        string that ended it); depths and counts include both draft sources (an n-gram round's depth
-        is the number of tokens it proposed)."""
+        string that ended it, so such a stop lowers the rate a little: llama.cpp's server counts the
+        whole round); depths and counts include both draft sources (an n-gram round's depth is the
+        number of tokens it proposed)."""
         drafted = int(self.drafted_at.sum())
         accepted = int(self.accepted_at.sum())
         n = max(len(self.depths), 1)

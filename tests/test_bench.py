@@ -150,6 +150,17 @@ def test_replay_adaptive_script_runs():
     assert len(lines) == 4 and all(ln.count("adaptive") == 0 and ln.count("(d=") == 2 for ln in lines)
 
 
+def test_host_overhead_script_runs():
+    """bench/host_overhead.py (host work per token of the decode loops, with stub models) runs: its
+    stubs must stand in for whatever the loops read of a model (the end-of-generation ids broke it)."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "host_overhead.py"
+    out = subprocess.run([sys.executable, str(script), "--tokens", "100"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "plain" in out.stdout and "mean depth" in out.stdout, out.stdout
+
+
 def test_ngram_replay_script_runs():
     """bench/ngram_replay.py (the CPU replay of the draft sources, adaptive depth included) runs with
     its noise and exploration options and prints both category totals; without noise, one seed and

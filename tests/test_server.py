@@ -1038,6 +1038,11 @@ def test_mixed_prompt(local, monkeypatch):
         out = r.json()
         got = [o["content"] for o in out] if isinstance(out, list) else [out["content"]]
         assert got == [alone[kinds.index(k)] for k in batch], (batch, got)
+    # a list of strings alone is a batch, not a batch element (llama.cpp's refusal too)
+    for batch, i in (([["a"], ["b"]], 0), (["a", ["b"]], 1), ([["a"]], 0)):
+        err = _error(c.post("/completion", json={"prompt": batch, "max_tokens": 1}))
+        assert err["param"] == "prompt" and err["message"] == (
+            f"prompt {i}: must be a string, a list of token ids, or a list of strings and token ids"), (batch, err)
 
 
 def test_cache_prompt(local):

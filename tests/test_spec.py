@@ -171,6 +171,73 @@ def test_stats_end_at_the_end_of_generation(smol, smol_path):
         same.close()
 
 
+class _Stub:
+    """Stands in for engine.Model in the loop: every forward answers ``tok`` (the draft: ``first`` at
+    the first step of a round, ``tok`` after); id 9 ends generation."""
+
+    n_ctx = 1 << 12
+    max_nt = 16
+
+    def __init__(self, tok: int, first: int | None = None):
+        import types
+
+        self.tok, self.first = tok, tok if first is None else first
+        self.tokenizer = types.SimpleNamespace(eog_ids=frozenset({9}))
+
+    def forward(self, tokens, start, out_rows, *, logits=True):
+        import numpy as np
+
+        return np.full(len(out_rows), self.tok, np.int32)
+
+    def prefill(self, tokens, start, *, logits=True):
+        import numpy as np
+
+        return np.full(1, self.first, np.int32)
+
+
+def test_round_cut_at_a_drafted_end_keeps_the_chosen_depth(monkeypatch):
+    """A draft that proposes the end of generation stops drafting there, and the round runs shallower
+    than chosen; the controller's current depth (the one a new choice must beat) stays the chosen one,
+    so a rejected end draft mid-reply does not count as a move to a shallow depth."""
+    import pyminfer.spec as spec
+    from pyminfer.sampling import Sampler
+
+    monkeypatch.setattr(spec, "check_vocab_compat", lambda a, b: None)
+    target, draft = _Stub(7), _Stub(9, first=7)  # drafts 7, then the end: the target takes 7, rejects 9
+    dec = spec.SpecDecoder(target, draft, Sampler(SamplingParams(temperature=0)), draft_n=4, adaptive=True)
+    it = dec.tokens([1, 2, 3])
+    while len(dec.depths) < 2:
+        next(it)
+    s = dec.spec_stats()
+    assert dec.depths == [0, 2] and dec.adaptive.history == [0, 2] and dec.adaptive.cur == 4, \
+        (dec.depths, dec.adaptive.history, dec.adaptive.cur)
+    assert s["drafted_per_position"][:3] == [1, 1, 0] and s["accepted"] == 1, s
+
+
+def test_ngram_proposal_cut_at_the_end_of_generation(monkeypatch):
+    """An n-gram proposal is cut after its first end-of-generation id (the rest could never be output)."""
+    import pyminfer.spec as spec
+    from pyminfer.ngram import NgramSpec
+    from pyminfer.sampling import Sampler
+
+    assert spec._through_end([5, 9, 6, 9], frozenset({9})) == [5, 9] and spec._through_end([5, 6], frozenset()) == [5, 6]
+
+    class Always:
+        def __init__(self, _spec):
+            pass
+
+        def propose(self, hist, room):
+            return [7, 9, 7, 7][:room]
+
+    monkeypatch.setattr(spec, "NgramIndex", Always)
+    dec = spec.SpecDecoder(_Stub(7), None, Sampler(SamplingParams(temperature=0)), ngram=NgramSpec(n=2, m=4))
+    it = dec.tokens([1, 2, 3])
+    while dec.rounds < 3:
+        next(it)
+    s = dec.spec_stats()
+    assert s["ngram_rounds"] == 3 and s["ngram_drafted"] == 6 and s["drafted_per_position"][2:] == [0] * 6, s
+
+
 def test_bad_depth(smol, smol_draft):
     with pytest.raises(ValueError, match="0..8"):
         generate(smol, [1, 2, 3], SamplingParams(temperature=0), 4, draft=smol_draft, spec_draft_n=9)
