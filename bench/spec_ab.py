@@ -10,6 +10,7 @@ is reported and exits 1).
     python3 bench/spec_ab.py -m TARGET.gguf --spec-draft DRAFT.gguf --env PYMINFER_ADAPTIVE_EXPLORE=0,12 \
         [--mode "--spec-draft-adaptive"] [-n 256] [--reps 3] [--device cuda]
     python3 bench/spec_ab.py -m TARGET.gguf --spec-draft DRAFT.gguf --depths 1,4 [--device cuda]
+    python3 bench/spec_ab.py -m TARGET.gguf --spec-draft DRAFT.gguf --depths 2,3 --mode "--spec-draft-n"
 
 --mode: "--spec-draft-adaptive" (default) or "--spec-draft-n D". The knob is read when each
 speculative run builds its controller, so one process serves every setting.
@@ -48,9 +49,13 @@ def main() -> int:
     mode = a.mode.split()
     adaptive = mode == ["--spec-draft-adaptive"]
     fixed = len(mode) == 2 and mode[0] == "--spec-draft-n" and mode[1].isdigit() and int(mode[1]) <= 8
+    if a.depths is not None and mode == ["--spec-draft-n"]:  # fixed depths, from --depths
+        fixed = True
+    elif a.depths is not None and fixed:
+        ap.error('give the fixed depths in --depths with --mode "--spec-draft-n" (no D), not both')
     if not adaptive and not fixed:
         ap.error(f'--mode wants "--spec-draft-adaptive" or "--spec-draft-n D" (D in 0..8), got {a.mode!r}')
-    depth = int(mode[1]) if fixed else None  # (adaptive: the product's default first depth)
+    depth = int(mode[1]) if len(mode) == 2 else None  # (adaptive: the product's default first depth)
     if a.reps < 1 or a.n < 1:
         ap.error("--reps and -n want at least 1")
     if (a.env is None) == (a.depths is None):
@@ -64,8 +69,9 @@ def main() -> int:
         settings = [(f"{name}={v!r}", v, depth) for v in vals.split(",")]
     else:
         ds = a.depths.split(",")
-        if not all(d.isdigit() and int(d) <= 8 for d in ds):
-            ap.error(f"--depths wants numbers in 0..8, got {a.depths!r}")
+        lo = 1 if adaptive else 0  # (the adaptive controller starts at 1 at least)
+        if not all(d.isdigit() and lo <= int(d) <= 8 for d in ds) or len(set(map(int, ds))) < len(ds):
+            ap.error(f"--depths wants distinct numbers in {lo}..8, got {a.depths!r}")
         settings = [(f"d={d}", None, int(d)) for d in ds]
     prompts = json.loads(DATA.read_text())["prompts"]
     n_ctx = max(len(p["prompt"]) for p in prompts) + a.n + 16

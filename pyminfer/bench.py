@@ -153,7 +153,9 @@ def bench_spec(target: Model, draft: Model | None, args: argparse.Namespace,
         rows.append({"prompt": cat, "text": text[:40], "seq_tok_s": seq_med, "spec_tok_s": spec_med,
                      # no decoded token (an immediate end of generation): no speed, no ratio
                      "speedup": spec_med / seq_med if seq_med > 0 else None,
-                     "acceptance": st["acceptance_rate"], "tokens_per_round": st["tokens_per_round"], "mean_depth": dm,
+                     # nothing drafted (an n-gram that never matched): no acceptance to speak of
+                     "acceptance": st["acceptance_rate"] if st["drafted"] else None,
+                     "tokens_per_round": st["tokens_per_round"], "mean_depth": dm,
                      # rounds per depth of the last repetition, "d:rounds" (which depths adaptive ran)
                      "depths": " ".join(f"{d}:{c}" for d, c in enumerate(st["depth_counts"]) if c),
                      **({"ngram_rounds": st["ngram_rounds"], "ngram_accepted": st["ngram_accepted"]} if ngram else {}),

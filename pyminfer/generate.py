@@ -137,17 +137,19 @@ class PlainDecoder:
 
 
 def generate_stream(model: Model, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int, *,
-                    draft: Model | None = None, spec_draft_n: int | None = None, spec_adaptive: bool = False,
-                    spec_ngram: NgramSpec | None = None, n_past: int = 0, draft_n_past: int = 0,
+                    draft: Model | None = None, spec_draft_n: int | None = None,
+                    spec_adaptive: bool = False, spec_ngram: NgramSpec | None = None, n_past: int = 0,
+                    draft_n_past: int = 0,
                     skip_special: bool = True, warm: bool = False) -> Iterator[Chunk]:
     """Generate up to ``max_tokens`` tokens after ``prompt_ids``, yielding text chunks.
 
     With ``draft`` and/or ``spec_ngram`` (n-gram drafts, pyminfer.ngram) the tokens come from
     speculative decoding (pyminfer.spec), which at temperature 0 gives the same ids as plain
     decoding: ``spec_draft_n`` draft tokens a round, or with ``spec_adaptive`` the first depth tried
-    (None: 4, or 1 with spec_adaptive; pyminfer.spec.default_draft_n). Raises ValueError for an empty prompt, a prompt that does not fit n_ctx, or
-    max_tokens < 0. ``n_past`` / ``draft_n_past``: leading
-    prompt positions whose K/V are already in the target's / draft's cache (multi-turn chat).
+    (None: 4, or 1 with spec_adaptive; pyminfer.spec.default_draft_n). Raises ValueError for an
+    empty prompt, a prompt that does not fit n_ctx, or max_tokens < 0. ``n_past`` /
+    ``draft_n_past``: leading prompt positions whose K/V are already in the target's / draft's
+    cache (multi-turn chat).
     Every generated id appears in exactly one chunk's token_ids (text may be "" while a UTF-8
     character or a possible stop string is incomplete).
     ``warm`` with ``max_tokens`` 0: the prompt is still evaluated into the target's KV cache (from

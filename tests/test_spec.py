@@ -220,7 +220,8 @@ def test_ngram_proposal_cut_at_the_end_of_generation(monkeypatch):
     from pyminfer.ngram import NgramSpec
     from pyminfer.sampling import Sampler
 
-    assert spec._through_end([5, 9, 6, 9], frozenset({9})) == [5, 9] and spec._through_end([5, 6], frozenset()) == [5, 6]
+    assert spec._through_end([5, 9, 6, 9], frozenset({9})) == [5, 9]
+    assert spec._through_end([5, 6], frozenset()) == [5, 6]
 
     class Always:
         def __init__(self, _spec):
