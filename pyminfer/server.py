@@ -1082,8 +1082,9 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
             return [fim_prompt(llm, p, req.suffix, n=max_tokens(req, None), param="suffix", unsupported=400)]
         # llama.cpp's rule (tokenize_input_prompts): a string, a list of ids, or a list of ids and text
         # pieces is one prompt; any other list is a batch of such prompts (a batch of one included)
-        if _prompt_kind(p) is not None:
-            return [completion_prompt(p, llm)]
+        kind = _prompt_kind(p)
+        if kind is not None:
+            return [completion_prompt(p, kind, llm)]
         assert isinstance(p, list)  # (the request model admits nothing else)
         if req.stream and len(p) > 1:
             raise APIError(400, f"a batch of {len(p)} prompts cannot be streamed: send one prompt per streamed "
@@ -1091,19 +1092,21 @@ def create_app(state: ServerState, *, load_on_startup: bool = True) -> FastAPI:
         out = []
         for i, x in enumerate(p):
             try:
-                if _prompt_kind(x) is None:  # (llama.cpp's refusal: a list of strings alone, say)
+                kind = _prompt_kind(x)
+                if kind is None:  # (llama.cpp's refusal: a list of strings alone, say)
                     raise APIError(400, "must be a string, a list of token ids, or a list of strings and token ids",
                                    param="prompt")
-                out.append(completion_prompt(x, llm))
+                out.append(completion_prompt(x, kind, llm))
             except APIError as e:
                 e.message = f"prompt {i}: {e.message}"
                 raise
         return out
 
-    def completion_prompt(p: Any, llm: LLM) -> list[int]:
-        """One prompt (a _prompt_kind: text, token ids or a mixed list) as checked token ids; raises
-        APIError (400) for ids outside the vocabulary, bad text or a prompt that does not fit n_ctx."""
-        if _prompt_kind(p) == "mixed":
+    def completion_prompt(p: Any, kind: str, llm: LLM) -> list[int]:
+        """One prompt ``p`` of _prompt_kind ``kind`` (text, token ids or a mixed list) as checked token
+        ids; raises APIError (400) for ids outside the vocabulary, bad text or a prompt that does not
+        fit n_ctx."""
+        if kind == "mixed":
             # llama.cpp's mixed prompt ([12, 34, "text", 56]): one prompt, each text piece tokenized,
             # the model's special tokens only with a text piece that comes first (its tokenize_mixed)
             check_prompt_text(llm, [x for x in p if isinstance(x, str)])

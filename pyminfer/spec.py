@@ -203,23 +203,28 @@ class AdaptiveDepth:
         cands = [_median(rc)] if rc else []
         c = (cv if cv is not None else self.verify_table())[d + 1]
         if c is not None:
-            est = self._priced(d, c)
+            est = self._priced(d, c, self._parts())
             if est is not None:
                 cands.append(est)
         return min(cands) if cands else None
 
-    def _priced(self, d: int, verify_s: float) -> float | None:
-        """Seconds of a round at depth d from its parts: ``verify_s`` (its nt = d + 1 forward), d
-        draft steps (the fastest first step measured, then the fastest later step, not above the
-        first's) and the median per-round remainder (0 before any). None where d >= 1 and no draft
-        step is measured yet."""
-        rem = _median(self.remainder) if self.remainder else 0.0
+    def _parts(self) -> tuple[float | None, float | None, float]:
+        """Seconds of a round's parts besides its verify forward: the fastest first draft step
+        measured, the fastest later step (not above the first's) and the median per-round remainder
+        (0 before any); the steps None before any draft step is measured."""
+        first = min(self.draft_first) if self.draft_first else None
+        rest = min(self.draft_rest) if self.draft_rest else first
+        return first, rest, _median(self.remainder) if self.remainder else 0.0
+
+    @staticmethod
+    def _priced(d: int, verify_s: float, parts: tuple[float | None, float | None, float]) -> float | None:
+        """Seconds of a round at depth d from ``verify_s`` (its nt = d + 1 forward) and ``parts``
+        (_parts: d draft steps and the remainder). None where d >= 1 and no draft step is measured."""
+        first, rest, rem = parts
         if d == 0:
             return verify_s + rem
-        if not self.draft_first:
+        if first is None or rest is None:
             return None
-        first = min(self.draft_first)
-        rest = min(self.draft_rest) if self.draft_rest else first
         return verify_s + first + (d - 1) * rest + rem
 
     def rates(self) -> list[float]:
@@ -254,9 +259,10 @@ class AdaptiveDepth:
         if not wider:
             return True
         slope = max(max((c - own[1]) / (nt - 1) for nt, c in wider), 0.0)  # (a noisy nt = 1 sample)
+        parts = self._parts()  # (once: the same for every depth)
         for d in range(1, self.max_depth + 1):
             ct = own[d + 1] if own[d + 1] is not None else own[1] + slope * d
-            est = self._priced(d, ct)  # (not None: a draft step is measured)
+            est = self._priced(d, ct, parts)  # (not None: a draft step is measured)
             if est is not None and (d + 1) / est > plain_rate:
                 return True
         return False

@@ -8,7 +8,9 @@ exercised many times per run, and whose tokenizer is the target's.
 from __future__ import annotations
 
 import os
+import types
 
+import numpy as np
 import pytest
 
 from pyminfer.engine import Model
@@ -179,19 +181,13 @@ class _Stub:
     max_nt = 16
 
     def __init__(self, tok: int, first: int | None = None):
-        import types
-
         self.tok, self.first = tok, tok if first is None else first
         self.tokenizer = types.SimpleNamespace(eog_ids=frozenset({9}))
 
     def forward(self, tokens, start, out_rows, *, logits=True):
-        import numpy as np
-
         return np.full(len(out_rows), self.tok, np.int32)
 
     def prefill(self, tokens, start, *, logits=True):
-        import numpy as np
-
         return np.full(1, self.first, np.int32)
 
 
